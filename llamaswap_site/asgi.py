@@ -1,0 +1,9 @@
+"""ASGI entry point served by daphne."""
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llamaswap_site.settings")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+application = get_asgi_application()

@@ -1,0 +1,2 @@
+def test_django_settings_load(settings):
+    assert "scheduler" in settings.INSTALLED_APPS
