@@ -19,14 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
 from scheduler.priority import Band, band_of
 
 
-class Policy(str, Enum):
+class Policy(StrEnum):
     """Which scheduler orders the queue (``routing.scheduler.use``)."""
 
     SERIAL = "serial"
@@ -35,7 +35,7 @@ class Policy(str, Enum):
     """llama-swap's: model priority + header priority, arrival order among equals."""
 
 
-class Term(str, Enum):
+class Term(StrEnum):
     """A score term that can change which request goes next."""
 
     AGING = "aging"
@@ -89,7 +89,7 @@ class SchedulerSettings:
         Raises :class:`SettingsError` naming the key and the value.
         """
         try:
-            policy = Policy(use)
+            policy = Policy(use if isinstance(use, str) else "")
         except ValueError:
             raise SettingsError(KEY_USE, use, "must be 'serial' or 'fifo'") from None
         if isinstance(aging_divisor, bool) or not isinstance(aging_divisor, int | float):

@@ -6,7 +6,7 @@ Pure: no Django, no I/O. See ../shared/spec/request-priority.md ("The header").
 from __future__ import annotations
 
 import re
-from enum import Enum
+from enum import StrEnum
 
 HEADER = "X-LlamaSwap-Priority"
 
@@ -19,7 +19,7 @@ _MAX_LEN = 32
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
 
 
-class Band(str, Enum):
+class Band(StrEnum):
     """The band a priority falls in: the nearest of the three anchors (100, 0, -100)."""
 
     INTERACTIVE = "interactive"

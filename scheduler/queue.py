@@ -261,23 +261,28 @@ class WaitingQueue:
         global_list, model_lists, shift = self._lists(aged)
         if only is not None:
             lst = model_lists.get(only)
-            return lst[0][2] if lst else None
+            head: _Entry | None = lst[0][2] if lst else None
+            return head
         best: tuple[float, int, _Entry] | None = global_list[0] if global_list else None
         if affinity and shift and self._loaded is not None:
             lst = model_lists.get(self._loaded)
             if lst:
-                key, seq, entry = lst[0]
+                key, seq, boosted = lst[0]
                 if best is None or (key - shift, seq) < best[:2]:
-                    return entry
+                    chosen: _Entry = boosted
+                    return chosen
         return best[2] if best is not None else None
 
     def _attribution(self, winner: _Entry) -> frozenset[Term]:
         terms = set()
         if self._aging_on and self._best(aged=False, affinity=True) is not winner:
             terms.add(Term.AGING)
-        if self._bonus and self._loaded is not None:
-            if self._best(aged=True, affinity=False) is not winner:
-                terms.add(Term.SWAP_AFFINITY)
+        if (
+            self._bonus
+            and self._loaded is not None
+            and self._best(aged=True, affinity=False) is not winner
+        ):
+            terms.add(Term.SWAP_AFFINITY)
         return frozenset(terms)
 
     def _terms(self, entry: _Entry, now: float) -> tuple[float, float, float]:
