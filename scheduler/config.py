@@ -1,16 +1,133 @@
 """llama-swap's config.yaml, parsed once into frozen dataclasses.
 
-Pure: no Django, no I/O beyond reading the file in :func:`load_config`.
+Pure: no Django, no I/O beyond reading the file in :func:`load_config` (the environment
+for ``${env.NAME}`` comes in as an argument of :func:`parse_config`).
+
+The semantics are llama-swap's (its ``internal/config`` and ``config.example.yaml``):
+
+* ``${env.NAME}`` is expanded first; an unset variable is an error.
+* Macros are expanded last-declared first, so a macro may use any macro declared *before*
+  it. A value that is exactly ``${name}`` takes the macro's type (``ttl: ${ttl}`` stays an
+  int). A model's own ``macros`` override global ones of the same name. ``${MODEL_ID}`` is
+  the model's id, ``${PORT}`` an automatic port, ``${PID}`` is left in ``cmdStop``.
+* Comment lines are dropped from ``cmd``/``cmdStop`` *before* macro expansion, so a macro
+  in a comment is neither expanded nor reported.
+* ``${PORT}``: the models whose ``cmd`` uses it get ``startPort``, ``startPort + 1``, ...
+  in sorted model-id order. A ``proxy`` using it (the default ``http://localhost:${PORT}``
+  does) needs a ``cmd`` that uses it too.
+* Any ``${name}`` left after expansion is an error naming its key.
+
+Keys llamaswap does not implement (``peers``, ``groups``, ``apiKeys``, ...) are ignored,
+with one line each in :attr:`Config.warnings`.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import urlsplit
 
-from scheduler.policy import SchedulerSettings
+import yaml
+
+from scheduler.policy import (
+    DEFAULT_AGING_DIVISOR,
+    DEFAULT_SWAP_AFFINITY_BONUS,
+    KEY_FIFO,
+    SETTINGS_PREFIX,
+    SchedulerSettings,
+    SettingsError,
+)
+
+DEFAULT_HEALTH_CHECK_TIMEOUT = 120
+MIN_HEALTH_CHECK_TIMEOUT = 15
+"""llama-swap raises anything lower to this."""
+DEFAULT_START_PORT = 5800
+DEFAULT_UNLOAD_TIMEOUT = 10
+DEFAULT_CONCURRENCY_LIMIT = 10
+DEFAULT_CHECK_ENDPOINT = "/health"
+DEFAULT_PROXY = "http://localhost:${PORT}"
+INHERIT_TTL = -1
+"""A model ``ttl`` of -1 (llama-swap's default) means "use ``globalTTL``"."""
+LOG_LEVELS = ("debug", "info", "warn", "error")
+RESERVED_MACROS = frozenset({"PORT", "MODEL_ID", "PID"})
+PROTECTED_PARAMS = frozenset({"model"})
+"""Request parameters that filters may never strip or set: routing depends on them."""
+
+_MACRO_NAME = re.compile(r"[a-zA-Z0-9_-]+")
+_MACRO_USE = re.compile(r"\$\{([a-zA-Z0-9_-]+)\}")
+_ENV_USE = re.compile(r"\$\{env\.([a-zA-Z_][a-zA-Z0-9_]*)\}")
+_INT_TEXT = re.compile(r"[-+]?[0-9]+")
+_FLOAT_TEXT = re.compile(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+
+# Top-level keys we read, and llama-swap's keys we knowingly ignore (with why).
+_TOP_LEVEL_KEYS = frozenset(
+    {
+        "healthCheckTimeout",
+        "logLevel",
+        "startPort",
+        "globalTTL",
+        "unloadTimeout",
+        "macros",
+        "models",
+        "hooks",
+        "routing",
+    }
+)
+_IGNORED_TOP_LEVEL = {
+    "apiKeys": "API keys are not supported; requests are NOT authenticated",
+    "peers": "remote peers are not supported",
+    "selectors": "selectors are not supported",
+    "profiles": "profiles are not supported",
+    "groups": "groups are not supported; one model runs at a time",
+    "matrix": "the matrix router is not supported; one model runs at a time",
+    "logRequests": "not supported",
+    "logTimeFormat": "not supported",
+    "logToStdout": "not supported",
+    "metricsMaxInMemory": "not supported",
+    "captureBuffer": "request captures are not supported",
+    "store": "not supported",
+    "ui": "not supported",
+    "performance": "not supported",
+    "sendLoadingState": "not supported",
+    "includeAliasesInList": "not supported",
+    "upstream": "not supported",
+}
+_MODEL_KEYS = frozenset(
+    {
+        "cmd",
+        "cmdStop",
+        "proxy",
+        "aliases",
+        "env",
+        "checkEndpoint",
+        "ttl",
+        "unloadTimeout",
+        "useModelName",
+        "name",
+        "description",
+        "unlisted",
+        "concurrencyLimit",
+        "metadata",
+        "filters",
+        "macros",
+    }
+)
+_IGNORED_MODEL_KEYS = {
+    "sendLoadingState": "not supported",
+    "timeouts": "not supported; httpx defaults apply",
+    "compat": "not supported",
+    "capabilities": "not supported",
+    "healthCheckTimeout": "per-model value is not supported; the global one applies",
+}
+_FILTER_KEYS = frozenset({"stripParams", "strip_params", "setParams"})
+_SCHEDULER_KEYS = frozenset({"use", "settings"})
 
 
 class ConfigError(ValueError):
@@ -65,7 +182,7 @@ class Config:
     log_level: str = "info"
     preload: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
-    """One line per ignored, not yet supported key (peers, groups, ...)."""
+    """One line per ignored, not yet supported key (peers, groups, ...) or adjusted value."""
     source: str = ""
     """The file it came from."""
 
@@ -75,3 +192,654 @@ class Config:
         if model is None and name in self.aliases:
             model = self.models[self.aliases[name]]
         return model
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and parse a llama-swap ``config.yaml``. Raises :class:`ConfigError`.
+
+    File-level problems (missing file, YAML syntax, duplicate keys) carry the file name as
+    their key and the line number in the message.
+    """
+    source = os.fspath(path)
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(source, "config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(source, f"cannot read the config file: {exc}") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown line"
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(source, f"YAML syntax error at {where}: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(source, f"YAML syntax error: {exc}") from None
+    return parse_config({} if data is None else data, source=source)
+
+
+def parse_config(
+    data: Mapping[str, Any],
+    source: str = "",
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Build a :class:`Config` from a parsed YAML document, with llama-swap's defaults.
+
+    ``environ`` answers ``${env.NAME}``; it defaults to ``os.environ``. Raises
+    :class:`ConfigError` naming the key path of the first problem found.
+    """
+    env = os.environ if environ is None else environ
+    if not isinstance(data, Mapping):
+        raise ConfigError("", f"the config must be a mapping of settings, got {_kind(data)}")
+    warnings: list[str] = []
+
+    raw: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = str(raw_key)
+        if key in _TOP_LEVEL_KEYS:
+            raw[key] = value
+        elif key in _IGNORED_TOP_LEVEL:
+            warnings.append(f"{key}: {_IGNORED_TOP_LEVEL[key]}; ignored")
+        else:
+            warnings.append(f"{key}: unknown key; ignored")
+
+    # Phase 1: ${env.NAME} everywhere we read, before any macro sees the values.
+    raw = {key: _expand_env(value, key, env) for key, value in raw.items()}
+
+    # Phase 2: global macros over everything but the models, which get their own scope.
+    macros = _read_macros(raw.pop("macros", None), "macros")
+    top = {key: _substitute_all(value, macros) for key, value in raw.items() if key != "models"}
+    for key, value in top.items():
+        _check_expanded(value, key, allow_pid=False)
+
+    health_check_timeout = _number(
+        _default(top.get("healthCheckTimeout"), DEFAULT_HEALTH_CHECK_TIMEOUT),
+        "healthCheckTimeout",
+    )
+    if health_check_timeout < MIN_HEALTH_CHECK_TIMEOUT:
+        warnings.append(
+            f"healthCheckTimeout: {health_check_timeout:g} is below the minimum of "
+            f"{MIN_HEALTH_CHECK_TIMEOUT}; using {MIN_HEALTH_CHECK_TIMEOUT}"
+        )
+        health_check_timeout = MIN_HEALTH_CHECK_TIMEOUT
+    start_port = _int(_default(top.get("startPort"), DEFAULT_START_PORT), "startPort", 1)
+    if start_port > 65535:
+        raise ConfigError("startPort", f"must be a TCP port 1..65535, got {start_port}")
+    global_ttl = _int(_default(top.get("globalTTL"), 0), "globalTTL", 0)
+    unload_timeout = _number(_default(top.get("unloadTimeout"), 0), "unloadTimeout")
+    unload_timeout = unload_timeout or DEFAULT_UNLOAD_TIMEOUT  # 0 means the default
+    log_level = _string(_default(top.get("logLevel"), "info"), "logLevel").strip().lower()
+    if log_level not in LOG_LEVELS:
+        warnings.append(
+            f"logLevel: unknown level {log_level!r} (use one of {', '.join(LOG_LEVELS)}); "
+            "using info"
+        )
+        log_level = "info"
+
+    # Phase 3: each model with its own macro scope, then ${PORT} in sorted id order.
+    prepared = _prepare_models(raw.get("models"), macros, warnings)
+    _assign_ports(prepared, start_port)
+    for model_id, model in prepared.items():
+        for name, value in model.items():
+            _check_expanded(value, f"models.{model_id}.{name}", allow_pid=name == "cmdStop")
+
+    defaults = _ModelDefaults(
+        ttl=global_ttl,
+        unload_timeout=unload_timeout,
+        health_check_timeout=health_check_timeout,
+    )
+    models = {
+        model_id: _build_model(model_id, model, defaults, warnings)
+        for model_id, model in prepared.items()
+    }
+    aliases = _alias_map(models)
+
+    return Config(
+        models=MappingProxyType(models),
+        aliases=MappingProxyType(aliases),
+        scheduler=_scheduler_settings(top.get("routing"), models, aliases, warnings),
+        health_check_timeout=health_check_timeout,
+        start_port=start_port,
+        global_ttl=global_ttl,
+        unload_timeout=unload_timeout,
+        log_level=log_level,
+        preload=_preload(top.get("hooks"), models, aliases, warnings),
+        warnings=tuple(warnings),
+        source=source,
+    )
+
+
+def split_command(text: str) -> tuple[str, ...]:
+    """argv for a ``cmd``/``cmdStop`` string, as llama-swap splits it.
+
+    Lines whose first non-blank character is ``#`` are dropped, a trailing ``\\`` joins a
+    line to the next, and the rest is split shell-style (POSIX quoting). No shell runs it.
+    Raises ``ValueError`` on an unclosed quote.
+    """
+    lines: list[str] = []
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            continue
+        lines.append(stripped[:-1] + " " if stripped.endswith("\\") else line)
+    return tuple(shlex.split("\n".join(lines), comments=False, posix=True))
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key defined twice in one mapping, as llama-swap's YAML does.
+
+    PyYAML silently keeps the last one, which would hide a duplicated model id. Keys that
+    arrive through a ``<<:`` merge may be overridden, so only explicit keys are compared.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[tuple[str, str], int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            ident = (key_node.tag, key_node.value)
+            if ident in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key_node.value!r} is defined twice (first on line {seen[ident]})",
+                    key_node.start_mark,
+                )
+            seen[ident] = key_node.start_mark.line + 1
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
+
+
+# --------------------------------------------------------------------------- macros
+
+
+def _expand_env(value: Any, key: str, environ: Mapping[str, str]) -> Any:
+    """``${env.NAME}`` replaced in every string below ``value``."""
+    if isinstance(value, str):
+
+        def lookup(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in environ:
+                raise ConfigError(key, f"environment variable '{name}' is not set")
+            return environ[name]
+
+        expanded = _ENV_USE.sub(lookup, value)
+        if expanded != value and _ENV_USE.fullmatch(value):
+            # llama-swap substitutes into the YAML text, so `startPort: ${env.BASE}` is an int.
+            return _yaml_scalar(expanded)
+        return expanded
+    if isinstance(value, Mapping):
+        return {k: _expand_env(v, f"{key}.{k}", environ) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, f"{key}[{i}]", environ) for i, v in enumerate(value)]
+    return value
+
+
+def _yaml_scalar(text: str) -> Any:
+    if _INT_TEXT.fullmatch(text):
+        return int(text)
+    if _FLOAT_TEXT.fullmatch(text):
+        return float(text)
+    return text
+
+
+def _read_macros(value: Any, key: str) -> list[tuple[str, Any]]:
+    """Macro declarations in declaration order (that order decides what may use what)."""
+    if value is None:
+        return []
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, f"must be a mapping of macro name to value, got {_kind(value)}")
+    macros: list[tuple[str, Any]] = []
+    for raw_name, macro in value.items():
+        name = str(raw_name)
+        path = f"{key}.{name}"
+        if len(name) >= 64:
+            raise ConfigError(path, "macro names must be shorter than 64 characters")
+        if not _MACRO_NAME.fullmatch(name):
+            raise ConfigError(path, "macro names may only use letters, digits, '_' and '-'")
+        if name in RESERVED_MACROS:
+            raise ConfigError(path, f"'{name}' is reserved: llamaswap sets ${{{name}}} itself")
+        if isinstance(macro, str):
+            if f"${{{name}}}" in macro:
+                raise ConfigError(path, f"macro '{name}' refers to itself")
+        elif not isinstance(macro, bool | int | float):
+            raise ConfigError(path, f"must be a string, number or boolean, got {_kind(macro)}")
+        macros.append((name, macro))
+    return macros
+
+
+def _merge_macros(
+    model_id: str, global_macros: list[tuple[str, Any]], model_macros: list[tuple[str, Any]]
+) -> list[tuple[str, Any]]:
+    """A model's scope: MODEL_ID, the globals, its own macros overriding globals in place."""
+    merged = [("MODEL_ID", model_id), *global_macros]
+    for name, value in model_macros:
+        for i, (existing, _) in enumerate(merged):
+            if existing == name:
+                merged[i] = (name, value)
+                break
+        else:
+            merged.append((name, value))
+    return merged
+
+
+def _substitute_all(value: Any, macros: list[tuple[str, Any]]) -> Any:
+    # Last declared first: a macro's value is itself expanded by every macro declared
+    # before it, which is how "macros may use previously declared macros" works.
+    for name, replacement in reversed(macros):
+        value = _substitute(value, name, replacement)
+    return value
+
+
+def _substitute(value: Any, name: str, replacement: Any) -> Any:
+    slug = f"${{{name}}}"
+    if isinstance(value, str):
+        if value == slug:
+            return replacement  # the whole value: keep the macro's type
+        return value.replace(slug, _format(replacement)) if slug in value else value
+    if isinstance(value, Mapping):
+        return {k: _substitute(v, name, replacement) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, name, replacement) for v in value]
+    return value
+
+
+def _format(value: Any) -> str:
+    """A macro value inside a string, written as llama-swap (Go's ``%v``) writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e21:
+        return str(int(value))
+    return str(value)
+
+
+def _check_expanded(value: Any, key: str, allow_pid: bool) -> None:
+    """Raise for any ``${name}`` still in ``value`` (``${PID}`` allowed in cmdStop)."""
+    if isinstance(value, str):
+        for match in _MACRO_USE.finditer(value):
+            name = match.group(1)
+            if name == "PID":
+                if allow_pid:
+                    continue
+                raise ConfigError(key, "${PID} is only available in cmdStop")
+            if name == "PORT":
+                raise ConfigError(key, "${PORT} is only assigned to models whose cmd uses ${PORT}")
+            raise ConfigError(
+                key,
+                f"unknown macro '${{{name}}}': define it under macros "
+                "(a macro may only use macros declared before it)",
+            )
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            _check_expanded(v, f"{key}.{k}", allow_pid)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_expanded(v, f"{key}[{i}]", allow_pid)
+
+
+# --------------------------------------------------------------------------- models
+
+
+@dataclass(frozen=True)
+class _ModelDefaults:
+    ttl: int
+    unload_timeout: float
+    health_check_timeout: float
+
+
+def _prepare_models(
+    value: Any, global_macros: list[tuple[str, Any]], warnings: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Each model's raw settings with comments stripped and its macros expanded."""
+    if value is None:
+        raise ConfigError("models", "required: a mapping of model id to model settings")
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            "models", f"must be a mapping of model id to settings, got {_kind(value)}"
+        )
+    if not value:
+        raise ConfigError("models", "no models defined")
+    prepared: dict[str, dict[str, Any]] = {}
+    for raw_id, settings in value.items():
+        model_id = str(raw_id)
+        key = f"models.{model_id}"
+        if not model_id.strip():
+            raise ConfigError(key, "model ids must not be empty")
+        if not isinstance(settings, Mapping):
+            raise ConfigError(key, f"must be a mapping of model settings, got {_kind(settings)}")
+        model: dict[str, Any] = {}
+        for raw_name, setting in settings.items():
+            name = str(raw_name)
+            if name in _MODEL_KEYS:
+                model[name] = setting
+            elif name in _IGNORED_MODEL_KEYS:
+                warnings.append(f"{key}.{name}: {_IGNORED_MODEL_KEYS[name]}; ignored")
+            else:
+                warnings.append(f"{key}.{name}: unknown model key; ignored")
+        model_macros = _read_macros(model.pop("macros", None), f"{key}.macros")
+        if model.get("cmd") is None:
+            raise ConfigError(f"{key}.cmd", "required: the command that starts the model's server")
+        # Comments go before expansion: a macro mentioned in a comment is not an error.
+        for name in ("cmd", "cmdStop"):
+            if isinstance(model.get(name), str):
+                model[name] = _strip_comment_lines(model[name])
+        if model.get("proxy") is None:
+            model["proxy"] = DEFAULT_PROXY
+        prepared[model_id] = _substitute_all(
+            model, _merge_macros(model_id, global_macros, model_macros)
+        )
+    return prepared
+
+
+def _strip_comment_lines(text: str) -> str:
+    return "\n".join(line for line in text.split("\n") if not line.strip().startswith("#"))
+
+
+def _assign_ports(prepared: dict[str, dict[str, Any]], start_port: int) -> None:
+    """Give ``${PORT}`` to each model whose cmd uses it, in sorted model-id order."""
+    port = start_port
+    for model_id in sorted(prepared):
+        model = prepared[model_id]
+        cmd = _string(model["cmd"], f"models.{model_id}.cmd")
+        if not cmd.strip():
+            raise ConfigError(f"models.{model_id}.cmd", "is empty")
+        cmd_uses = "${PORT}" in cmd
+        proxy_uses = isinstance(model.get("proxy"), str) and "${PORT}" in model["proxy"]
+        if proxy_uses and not cmd_uses:
+            raise ConfigError(
+                f"models.{model_id}.proxy",
+                "uses ${PORT} but cmd does not (the default proxy is "
+                f"{DEFAULT_PROXY}); use ${{PORT}} in cmd or set proxy to the URL cmd listens on",
+            )
+        if cmd_uses:
+            if port > 65535:
+                raise ConfigError(
+                    f"models.{model_id}.cmd", f"no port left for ${{PORT}} (startPort {start_port})"
+                )
+            prepared[model_id] = _substitute(model, "PORT", port)
+            port += 1
+
+
+def _build_model(
+    model_id: str, model: Mapping[str, Any], defaults: _ModelDefaults, warnings: list[str]
+) -> ModelConfig:
+    key = f"models.{model_id}"
+    cmd = _command(model["cmd"], f"{key}.cmd")
+    if not cmd:
+        raise ConfigError(f"{key}.cmd", "is empty")
+    cmd_stop = None
+    if model.get("cmdStop") is not None:
+        cmd_stop = _command(model["cmdStop"], f"{key}.cmdStop") or None
+
+    proxy = _string(model["proxy"], f"{key}.proxy").strip()
+    url = urlsplit(proxy)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise ConfigError(f"{key}.proxy", f"must be an http(s) URL, got {proxy!r}")
+
+    endpoint = _string(
+        _default(model.get("checkEndpoint"), DEFAULT_CHECK_ENDPOINT), f"{key}.checkEndpoint"
+    ).strip()
+    check_endpoint = None if endpoint.lower() == "none" else endpoint
+
+    ttl = _int(_default(model.get("ttl"), INHERIT_TTL), f"{key}.ttl")
+    if ttl < INHERIT_TTL:
+        raise ConfigError(f"{key}.ttl", f"must be >= 0 (or -1 for globalTTL), got {ttl}")
+    if ttl == INHERIT_TTL:
+        ttl = defaults.ttl
+    unload_timeout = _number(_default(model.get("unloadTimeout"), 0), f"{key}.unloadTimeout")
+    concurrency = _int(_default(model.get("concurrencyLimit"), 0), f"{key}.concurrencyLimit", 0)
+
+    filters = _mapping(model.get("filters"), f"{key}.filters")
+    for name in filters:
+        if name == "setParamsByID":
+            warnings.append(f"{key}.filters.setParamsByID: not supported; ignored")
+        elif name not in _FILTER_KEYS:
+            warnings.append(f"{key}.filters.{name}: unknown filter; ignored")
+    strip_text = filters.get("stripParams") or filters.get("strip_params") or ""
+    strip_params = _strip_params(_string(strip_text, f"{key}.filters.stripParams"))
+    set_params = {
+        str(k): v
+        for k, v in _mapping(filters.get("setParams"), f"{key}.filters.setParams").items()
+        if str(k) not in PROTECTED_PARAMS
+    }
+
+    return ModelConfig(
+        id=model_id,
+        cmd=cmd,
+        proxy=proxy,
+        cmd_stop=cmd_stop,
+        aliases=tuple(_string_list(model.get("aliases"), f"{key}.aliases")),
+        env=MappingProxyType(_environment(model.get("env"), f"{key}.env")),
+        check_endpoint=check_endpoint,
+        ttl=ttl,
+        unload_timeout=unload_timeout or defaults.unload_timeout,
+        health_check_timeout=defaults.health_check_timeout,
+        use_model_name=_string(_default(model.get("useModelName"), ""), f"{key}.useModelName"),
+        name=_string(_default(model.get("name"), ""), f"{key}.name"),
+        description=_string(_default(model.get("description"), ""), f"{key}.description"),
+        unlisted=_bool(_default(model.get("unlisted"), False), f"{key}.unlisted"),
+        concurrency_limit=concurrency or DEFAULT_CONCURRENCY_LIMIT,
+        metadata=MappingProxyType(dict(_mapping(model.get("metadata"), f"{key}.metadata"))),
+        strip_params=strip_params,
+        set_params=MappingProxyType(set_params),
+    )
+
+
+def _command(value: Any, key: str) -> tuple[str, ...]:
+    text = _string(value, key)
+    try:
+        return split_command(text)
+    except ValueError as exc:
+        raise ConfigError(key, f"cannot split into arguments: {exc}") from None
+
+
+def _strip_params(text: str) -> tuple[str, ...]:
+    """llama-swap's comma-separated list: trimmed, deduplicated, sorted, never ``model``."""
+    names = {name.strip() for name in text.split(",")}
+    return tuple(sorted(name for name in names if name and name not in PROTECTED_PARAMS))
+
+
+def _environment(value: Any, key: str) -> dict[str, str]:
+    """llama-swap's ``env`` list of ``NAME=value`` strings; a later NAME wins."""
+    env: dict[str, str] = {}
+    for i, item in enumerate(_string_list(value, key)):
+        name, sep, setting = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"{key}[{i}]", f"must look like NAME=value, got {item!r}")
+        env[name] = setting
+    return env
+
+
+def _alias_map(models: Mapping[str, ModelConfig]) -> dict[str, str]:
+    """alias -> model id; an alias may name one model only and never shadow a model id."""
+    aliases: dict[str, str] = {}
+    for model_id, model in models.items():
+        for i, alias in enumerate(model.aliases):
+            key = f"models.{model_id}.aliases[{i}]"
+            if not alias.strip():
+                raise ConfigError(key, "aliases must not be empty")
+            if alias in models:
+                raise ConfigError(key, f"alias {alias!r} is the id of another model")
+            if alias in aliases:
+                other = aliases[alias]
+                where = "this model" if other == model_id else f"model {other!r}"
+                raise ConfigError(key, f"duplicate alias {alias!r}: already an alias of {where}")
+            aliases[alias] = model_id
+    return aliases
+
+
+def _real_model_id(
+    name: str, models: Mapping[str, ModelConfig], aliases: Mapping[str, str]
+) -> str | None:
+    return name if name in models else aliases.get(name)
+
+
+# --------------------------------------------------------------------------- global sections
+
+
+def _preload(
+    value: Any,
+    models: Mapping[str, ModelConfig],
+    aliases: Mapping[str, str],
+    warnings: list[str],
+) -> tuple[str, ...]:
+    """``hooks.on_startup.preload`` as model ids (aliases resolved, blanks and repeats dropped)."""
+    hooks = _mapping(value, "hooks")
+    for name in hooks:
+        if name != "on_startup":
+            warnings.append(f"hooks.{name}: unknown hook; ignored")
+    on_startup = _mapping(hooks.get("on_startup"), "hooks.on_startup")
+    for name in on_startup:
+        if name != "preload":
+            warnings.append(f"hooks.on_startup.{name}: unknown action; ignored")
+    preload: list[str] = []
+    names = _string_list(on_startup.get("preload"), "hooks.on_startup.preload")
+    for i, name in enumerate(names):
+        name = name.strip()
+        if not name:
+            continue
+        model_id = _real_model_id(name, models, aliases)
+        if model_id is None:
+            raise ConfigError(f"hooks.on_startup.preload[{i}]", f"unknown model {name!r}")
+        if model_id not in preload:
+            preload.append(model_id)
+    return tuple(preload)
+
+
+def _scheduler_settings(
+    value: Any,
+    models: Mapping[str, ModelConfig],
+    aliases: Mapping[str, str],
+    warnings: list[str],
+) -> SchedulerSettings:
+    """``routing.scheduler``; ``use`` defaults to serial (llama-swap's default is fifo)."""
+    routing = _mapping(value, "routing")
+    for name in routing:
+        if name == "router":
+            warnings.append(
+                "routing.router: groups and matrix routing are not supported; "
+                "one model runs at a time; ignored"
+            )
+        elif name != "scheduler":
+            warnings.append(f"routing.{name}: unknown key; ignored")
+    scheduler = _mapping(routing.get("scheduler"), SETTINGS_PREFIX)
+    _warn_unknown(scheduler, SETTINGS_PREFIX, {"use", "settings"}, warnings)
+    settings = _mapping(scheduler.get("settings"), f"{SETTINGS_PREFIX}.settings")
+    _warn_unknown(settings, f"{SETTINGS_PREFIX}.settings", {"serial", "fifo"}, warnings)
+    serial_key = f"{SETTINGS_PREFIX}.settings.serial"
+    serial = _mapping(settings.get("serial"), serial_key)
+    _warn_unknown(serial, serial_key, {"agingDivisor", "swapAffinityBonus"}, warnings)
+    fifo_key = f"{SETTINGS_PREFIX}.settings.fifo"
+    fifo = _mapping(settings.get("fifo"), fifo_key)
+    _warn_unknown(fifo, fifo_key, {"priority"}, warnings)
+
+    values: dict[str, Any] = {
+        "use": _default(scheduler.get("use"), "serial"),
+        "aging_divisor": _default(serial.get("agingDivisor"), DEFAULT_AGING_DIVISOR),
+        "swap_affinity_bonus": _default(
+            serial.get("swapAffinityBonus"), DEFAULT_SWAP_AFFINITY_BONUS
+        ),
+        "fifo_priority": fifo.get("priority"),
+    }
+    try:
+        checked = SchedulerSettings.create(**values)
+    except SettingsError as exc:
+        raise ConfigError(exc.key, f"{exc.reason}, got {exc.value!r}") from None
+
+    # Priorities are looked up by the model id a request resolves to, so an alias is
+    # rewritten to its model's id; naming one model twice is ambiguous and an error.
+    priorities: dict[str, int] = {}
+    named_by: dict[str, str] = {}
+    for name, priority in checked.fifo_priority.items():
+        model_id = _real_model_id(name, models, aliases)
+        if model_id is None:
+            raise ConfigError(f"{KEY_FIFO}.{name}", f"unknown model {name!r}")
+        if model_id in priorities:
+            raise ConfigError(
+                f"{KEY_FIFO}.{name}",
+                f"model {model_id!r} already has a priority (as {named_by[model_id]!r})",
+            )
+        priorities[model_id] = priority
+        named_by[model_id] = name
+    return checked.with_changes(fifo_priority=priorities)
+
+
+def _warn_unknown(
+    section: Mapping[str, Any], key: str, known: set[str], warnings: list[str]
+) -> None:
+    for name in section:
+        if name not in known:
+            warnings.append(f"{key}.{name}: unknown key; ignored")
+
+
+# --------------------------------------------------------------------------- typed values
+
+
+def _default(value: Any, default: Any) -> Any:
+    """YAML ``key:`` with no value is null; llama-swap treats it as unset."""
+    return default if value is None else value
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _int(value: Any, key: str, minimum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(key, f"must be an integer, got {_kind(value)}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(key, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _number(value: Any, key: str) -> float:
+    """A number of seconds >= 0 (int or float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(key, f"must be a number of seconds, got {_kind(value)}")
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(key, f"must be a finite number >= 0, got {value}")
+    return value
+
+
+def _string(value: Any, key: str) -> str:
+    # A YAML number decodes into a Go string field too (`name: 7` is "7").
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return _format(value)
+    raise ConfigError(key, f"must be a string, got {_kind(value)}")
+
+
+def _bool(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"must be true or false, got {_kind(value)}")
+    return value
+
+
+def _mapping(value: Any, key: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, f"must be a mapping, got {_kind(value)}")
+    return value
+
+
+def _string_list(value: Any, key: str) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(key, f"must be a list, got {_kind(value)}")
+    return [_string(item, f"{key}[{i}]") for i, item in enumerate(value)]
