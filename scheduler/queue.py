@@ -71,6 +71,7 @@ class WaitingQueue:
         self._by_band: dict[Band, OrderedDict[str, QueuedRequest]] = {b: OrderedDict() for b in BANDS}
         self._seq = itertools.count()
         self._last_arrival = float("-inf")
+        self._cache_settings()
         self._reset_lists()
 
     # -- state -------------------------------------------------------------------------
@@ -137,6 +138,7 @@ class WaitingQueue:
         when the order itself depends on what changed."""
         old = self._settings
         self._settings = settings
+        self._cache_settings()
         if (
             old.use != settings.use
             or old.aging_divisor != settings.aging_divisor
@@ -195,17 +197,13 @@ class WaitingQueue:
 
     # -- internals ---------------------------------------------------------------------
 
-    @property
-    def _serial(self) -> bool:
-        return self._settings.use is Policy.SERIAL
-
-    @property
-    def _aging_on(self) -> bool:
-        return self._serial and self._settings.aging_divisor > 0
-
-    @property
-    def _bonus(self) -> int:
-        return self._settings.swap_affinity_bonus if self._serial else 0
+    def _cache_settings(self) -> None:
+        """Derived settings, read on every pick."""
+        settings = self._settings
+        self._serial = settings.use is Policy.SERIAL
+        self._divisor = settings.aging_divisor if self._serial else 0
+        self._aging_on = self._divisor > 0
+        self._bonus = settings.swap_affinity_bonus if self._serial else 0
 
     def _reset_lists(self) -> None:
         self._global_plain: SortedList = SortedList()
@@ -220,7 +218,7 @@ class WaitingQueue:
         entry = _Entry(request=request, seq=seq, effective=effective, aged=None, plain=None)  # type: ignore[arg-type]
         entry.plain = (-effective, seq, entry)
         if self._aging_on:
-            entry.aged = (request.arrival - effective * self._settings.aging_divisor, seq, entry)
+            entry.aged = (request.arrival - effective * self._divisor, seq, entry)
         return entry
 
     def _insert(self, entry: _Entry) -> None:
@@ -250,25 +248,32 @@ class WaitingQueue:
         del self._by_band[entry.request.band][entry.request.request_id]
         self._discard(entry)
 
-    def _lists(self, aged: bool) -> tuple[SortedList, dict[str, SortedList], float]:
-        """The lists for one ordering and the key shift one affinity bonus causes."""
+    def _lists(self, aged: bool) -> tuple[SortedList, dict[str, SortedList], bool]:
+        """The lists for one ordering, and whether that ordering uses the aging key."""
         if aged and self._aging_on:
-            return self._global_aged, self._model_aged, self._bonus * self._settings.aging_divisor
-        return self._global_plain, self._model_plain, float(self._bonus)
+            return self._global_aged, self._model_aged, True
+        return self._global_plain, self._model_plain, False
+
+    def _boosted(self, entry: _Entry, aged: bool) -> float:
+        """The key of a loaded-model entry with its affinity bonus, computed in one step
+        exactly like the plain keys so that exact ties stay exact."""
+        if aged:
+            return entry.request.arrival - (entry.effective + self._bonus) * self._divisor
+        return float(-(entry.effective + self._bonus))
 
     def _best(self, aged: bool, affinity: bool, only: str | None = None) -> _Entry | None:
         """The best waiting request under one ordering; O(log n) at worst."""
-        global_list, model_lists, shift = self._lists(aged)
+        global_list, model_lists, aged = self._lists(aged)
         if only is not None:
             lst = model_lists.get(only)
             head: _Entry | None = lst[0][2] if lst else None
             return head
         best: tuple[float, int, _Entry] | None = global_list[0] if global_list else None
-        if affinity and shift and self._loaded is not None:
+        if affinity and self._bonus and self._loaded is not None:
             lst = model_lists.get(self._loaded)
             if lst:
-                key, seq, boosted = lst[0]
-                if best is None or (key - shift, seq) < best[:2]:
+                _, seq, boosted = lst[0]
+                if best is None or (self._boosted(boosted, aged), seq) < best[:2]:
                     chosen: _Entry = boosted
                     return chosen
         return best[2] if best is not None else None
@@ -290,7 +295,7 @@ class WaitingQueue:
         affinity = float(self._bonus) if entry.request.model == self._loaded else 0.0
         aging = 0.0
         if self._aging_on:
-            aging = max(0.0, now - entry.request.arrival) / self._settings.aging_divisor
+            aging = max(0.0, now - entry.request.arrival) / self._divisor
         return affinity, aging, entry.effective + affinity + aging
 
     def _decision(
@@ -319,10 +324,10 @@ class WaitingQueue:
 
     def _order(self) -> Iterator[_Entry]:
         """All waiting entries in dispatch order (lazy)."""
-        global_list, model_lists, shift = self._lists(aged=True)
+        global_list, model_lists, aged = self._lists(aged=True)
         loaded = self._loaded
-        if not shift or loaded is None or loaded not in model_lists:
+        if not self._bonus or loaded is None or loaded not in model_lists:
             return (item[2] for item in global_list)
-        boosted = ((key - shift, seq, e) for key, seq, e in model_lists[loaded])
+        boosted = ((self._boosted(e, aged), seq, e) for _, seq, e in model_lists[loaded])
         others = (item for item in global_list if item[2].request.model != loaded)
         return (item[2] for item in heapq.merge(boosted, others, key=lambda i: i[:2]))

@@ -99,6 +99,13 @@ def order(requests, *, loaded=None, now=None, **settings):
             {"swap_affinity_bonus": 0, "aging_divisor": 0},
             ["1", "2", "3", "4"],
         ),
+        # An exact tie between priority + bonus and a higher priority keeps arrival order.
+        (
+            [("first", "a", 90, 100.005), ("second", "b", 100, 100.005)],
+            "a",
+            {"aging_divisor": 90},
+            ["first", "second"],
+        ),
         # Equal scores keep arrival order (same model, same priority, same arrival time).
         (
             [("first", "m", 0, 7), ("second", "m", 0, 7), ("third", "m", 0, 7)],

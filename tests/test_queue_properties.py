@@ -19,7 +19,7 @@ from scheduler.queue import WaitingQueue
 
 MODELS = ["a", "b", "c", "d"]
 # Dyadic divisors and times keep every float exact, so near-ties compare the same way.
-DIVISORS = [0, 0.125, 0.5, 1, 2, 60]
+DIVISORS = [0, 0.125, 0.5, 1, 2, 45.5, 60, 90]
 BONUSES = [0, 1, 10, 99]
 PRIORITIES = st.one_of(
     st.sampled_from([-100, -99, -98, 0, 1, 2, 100, 101]), st.integers(-300, 300)
