@@ -1,0 +1,377 @@
+"""OpenAI-compatible endpoints: parse, wait for the dispatcher's grant, relay.
+
+Thin async views. They run under :class:`llamaswap_site.asgi.ProxyHandler` (no middleware,
+no thread hops), so nothing here may block or touch the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from proxy.errors import REQUEST_ID_HEADER, error_response
+from proxy.upstream import forward_headers, response_headers
+from scheduler import runtime
+from scheduler.config import ModelConfig
+from scheduler.dispatcher import Outcome, Overloaded, ShuttingDown, Ticket
+from scheduler.priority import HEADER, parse_priority
+from scheduler.process import ModelStartError
+
+log = logging.getLogger("llamaswap.proxy")
+
+PRIORITY_META = "HTTP_" + HEADER.upper().replace("-", "_")
+STREAM_TAIL = 4096
+"""Bytes of a stream's end kept to read usage and timings from (see :func:`_stream`)."""
+
+
+def _new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+# -- inference ---------------------------------------------------------------------------
+
+
+@csrf_exempt
+async def inference(request: HttpRequest) -> HttpResponse:
+    """POST /v1/chat/completions and friends: the model comes from the body."""
+    request_id = _new_request_id()
+    if request.method != "POST":
+        return error_response(405, "use POST", request_id=request_id, headers={"Allow": "POST"})
+    config = runtime.current().config
+    body = request.body
+    content_type = request.content_type or ""
+    if content_type.startswith("multipart/form-data"):
+        name = request.POST.get("model", "")
+        data = None
+    else:
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return error_response(
+                400, f"request body is not valid JSON: {exc}", code="invalid_json", request_id=request_id
+            )
+        if not isinstance(data, dict):
+            return error_response(
+                400, "request body must be a JSON object", code="invalid_json", request_id=request_id
+            )
+        name = data.get("model", "")
+    if not isinstance(name, str) or not name:
+        return error_response(
+            400, "missing 'model' in request", code="missing_model", request_id=request_id
+        )
+    model = config.resolve(name)
+    if model is None:
+        return error_response(
+            404, f"model {name!r} not found", code="model_not_found", request_id=request_id
+        )
+    if data is not None:
+        body = _rewrite(data, body, model)
+    return await _relay(request, model, request_id, request.path, body)
+
+
+def _rewrite(data: dict[str, Any], body: bytes, model: ModelConfig) -> bytes:
+    """Apply useModelName and filters; the raw body is kept when nothing changes."""
+    if not (model.use_model_name or model.strip_params or model.set_params):
+        return body
+    if model.use_model_name:
+        data["model"] = model.use_model_name
+    for param in model.strip_params:
+        if param != "model":
+            data.pop(param, None)
+    for key, value in model.set_params.items():
+        data[key] = value
+    return json.dumps(data).encode()
+
+
+@csrf_exempt
+async def upstream_passthrough(request: HttpRequest, model_name: str, path: str = "") -> HttpResponse:
+    """ANY /upstream/{model}/{path}: the model from the path, everything else as sent."""
+    request_id = _new_request_id()
+    model = runtime.current().config.resolve(model_name)
+    if model is None:
+        return error_response(
+            404, f"model {model_name!r} not found", code="model_not_found", request_id=request_id
+        )
+    return await _relay(request, model, request_id, "/" + path, request.body)
+
+
+async def _relay(
+    request: HttpRequest, model: ModelConfig, request_id: str, path: str, body: bytes
+) -> HttpResponse:
+    rt = runtime.current()
+    dispatcher = rt.dispatcher
+    priority = parse_priority(request.META.get(PRIORITY_META))
+    ticket = dispatcher.submit(model, priority, request_id, path)
+    try:
+        base = await ticket.wait()
+    except asyncio.CancelledError:
+        dispatcher.cancel(ticket)  # client gone while waiting: never dispatched
+        raise
+    except ModelStartError as exc:
+        dispatcher.finish(ticket, Outcome.FAILED, 503, exc.cause)
+        return error_response(
+            503,
+            f"model {model.id!r} failed to start: {exc.cause}",
+            code="model_start_failed",
+            request_id=request_id,
+        )
+    except Overloaded as exc:
+        return error_response(
+            429, str(exc), code="too_many_requests", request_id=request_id, headers={"Retry-After": "1"}
+        )
+    except ShuttingDown as exc:
+        return error_response(503, str(exc), code="shutting_down", request_id=request_id)
+
+    query = request.META.get("QUERY_STRING", "")
+    url = base.rstrip("/") + path + (f"?{query}" if query else "")
+    client = rt.upstreams.client()
+    headers = forward_headers(request.scope["headers"]) if hasattr(request, "scope") else []
+    try:
+        upstream = await client.send(
+            client.build_request(request.method or "POST", url, headers=headers, content=body),
+            stream=True,
+        )
+    except asyncio.CancelledError:
+        dispatcher.cancel(ticket)
+        raise
+    except httpx.HTTPError as exc:
+        dispatcher.finish(ticket, Outcome.FAILED, 502, f"{type(exc).__name__}: {exc}")
+        return error_response(
+            502,
+            f"model {model.id!r} did not answer: {type(exc).__name__}: {exc}",
+            code="upstream_unavailable",
+            request_id=request_id,
+        )
+
+    status = upstream.status_code
+    content_type = upstream.headers.get("content-type", "")
+    if content_type.startswith("text/event-stream"):
+        response: HttpResponse = StreamingHttpResponse(
+            _stream(dispatcher, ticket, upstream), status=status
+        )
+        for name, value in response_headers(upstream.headers):
+            response[name] = value
+        response["X-Accel-Buffering"] = "no"
+        response["Cache-Control"] = "no-cache"
+        response[REQUEST_ID_HEADER] = request_id
+        # If the client leaves before the first chunk the generator never runs;
+        # closing the response still ends the turn and the upstream request.
+        response._resource_closers.append(lambda: _abandon(dispatcher, ticket, upstream))
+        return response
+
+    try:
+        content = b"".join([chunk async for chunk in upstream.aiter_raw()])
+    except asyncio.CancelledError:
+        dispatcher.cancel(ticket)
+        await upstream.aclose()
+        raise
+    except httpx.HTTPError as exc:
+        await upstream.aclose()
+        dispatcher.finish(ticket, Outcome.FAILED, 502, f"{type(exc).__name__}: {exc}")
+        return error_response(
+            502,
+            f"model {model.id!r} broke off its answer: {type(exc).__name__}: {exc}",
+            code="upstream_broken",
+            request_id=request_id,
+        )
+    await upstream.aclose()
+    if status < 300 and content_type.startswith("application/json"):
+        _note_usage(ticket, content)
+    dispatcher.finish(ticket, Outcome.COMPLETED, status)
+    response = HttpResponse(content, status=status)
+    for name, value in response_headers(upstream.headers):
+        response[name] = value
+    response[REQUEST_ID_HEADER] = request_id
+    return response
+
+
+async def _stream(dispatcher: Any, ticket: Ticket, upstream: httpx.Response) -> AsyncIterator[bytes]:
+    """Relay the upstream's bytes as they arrive: no re-splitting, no parsing per chunk."""
+    outcome, error = Outcome.COMPLETED, None
+    tail = b""
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+            tail = (tail + chunk)[-STREAM_TAIL:] if len(chunk) < STREAM_TAIL else chunk[-STREAM_TAIL:]
+    except (asyncio.CancelledError, GeneratorExit):
+        outcome = Outcome.CANCELLED_RUNNING  # client gone mid-stream
+        raise
+    except httpx.HTTPError as exc:
+        # The model died mid-stream: end the response without [DONE].
+        outcome, error = Outcome.FAILED, f"stream broken: {type(exc).__name__}: {exc}"
+    finally:
+        await upstream.aclose()
+        if outcome is Outcome.COMPLETED:
+            _note_stream_usage(ticket, tail)
+        if outcome is Outcome.CANCELLED_RUNNING:
+            dispatcher.cancel(ticket)
+        else:
+            dispatcher.finish(ticket, outcome, upstream.status_code, error)
+
+
+def _abandon(dispatcher: Any, ticket: Ticket, upstream: httpx.Response) -> None:
+    if ticket.outcome is None:
+        dispatcher.cancel(ticket)
+        asyncio.get_running_loop().create_task(upstream.aclose())
+
+
+def _note_usage(ticket: Ticket, content: bytes) -> None:
+    if len(content) > 1 << 20:
+        return
+    try:
+        data = json.loads(content)
+    except ValueError:
+        return
+    if isinstance(data, dict):
+        _keep_usage(ticket, data)
+
+
+def _note_stream_usage(ticket: Ticket, tail: bytes) -> None:
+    """usage and timings from the last events of a stream (llama-server sends them last)."""
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data: {"):
+            try:
+                data = json.loads(line[6:])
+            except ValueError:
+                continue
+            if isinstance(data, dict) and _keep_usage(ticket, data):
+                return
+
+
+def _keep_usage(ticket: Ticket, data: dict[str, Any]) -> bool:
+    found = False
+    for key in ("usage", "timings"):
+        value = data.get(key)
+        if isinstance(value, dict):
+            ticket.extra[key] = value
+            found = True
+    return found
+
+
+# -- not scheduled -----------------------------------------------------------------------
+
+
+async def list_models(request: HttpRequest) -> HttpResponse:
+    """GET /v1/models: OpenAI's list; ``unlisted`` models are hidden."""
+    config = runtime.current().config
+    data = []
+    for model in sorted(config.models.values(), key=lambda m: m.id):
+        if model.unlisted:
+            continue
+        entry: dict[str, Any] = {
+            "id": model.id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "llamaswap",
+        }
+        if model.name:
+            entry["name"] = model.name
+        if model.description:
+            entry["description"] = model.description
+        if model.metadata:
+            entry["meta"] = {"llamaswap": dict(model.metadata)}
+        data.append(entry)
+    return JsonResponse({"object": "list", "data": data})
+
+
+async def running(request: HttpRequest) -> HttpResponse:
+    """GET /running: the loaded model and its state."""
+    return JsonResponse({"running": runtime.current().dispatcher.running_models()})
+
+
+@csrf_exempt
+async def unload(request: HttpRequest, model_name: str | None = None) -> HttpResponse:
+    """GET /unload, POST /api/models/unload[/{model}]: returns once the processes are gone."""
+    rt = runtime.current()
+    models = None
+    if model_name is not None:
+        model = rt.config.resolve(model_name)
+        if model is None:
+            return error_response(404, f"model {model_name!r} not found", code="model_not_found")
+        models = [model.id]
+    await rt.dispatcher.unload(models)
+    if request.path == "/unload":
+        return HttpResponse("OK", content_type="text/plain")
+    return JsonResponse({"msg": "ok"})
+
+
+async def queue(request: HttpRequest) -> HttpResponse:
+    """GET /api/queue: the waiting requests in dispatch order, with their scores now."""
+    dispatcher = runtime.current().dispatcher
+    try:
+        limit = max(1, min(int(request.GET.get("limit", "100")), 1000))
+    except ValueError:
+        return error_response(400, "limit must be an integer 1..1000", code="invalid_limit")
+    now = dispatcher.now()
+    model, state = dispatcher.model_state()
+    waiting = [
+        {
+            "request_id": r.request.request_id,
+            "model": r.request.model,
+            "priority": r.request.priority,
+            "band": r.request.band.value,
+            "score": r.score,
+            "affinity": r.affinity,
+            "aging": r.aging,
+            "wait_seconds": r.wait,
+        }
+        for r in dispatcher.queue.peek(now, limit)
+    ]
+    running = [
+        {
+            "request_id": t.request_id,
+            "model": t.model.id,
+            "priority": t.priority,
+            "state": t.state.value,
+        }
+        for t in dispatcher.in_flight()
+    ]
+    return JsonResponse(
+        {
+            "depth": len(dispatcher.queue),
+            "waiting": waiting,
+            "running": running,
+            "loaded_model": model,
+            "model_state": state.name.lower(),
+            "settings": dispatcher.settings.as_dict(),
+        }
+    )
+
+
+async def health(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("OK", content_type="text/plain")
+
+
+async def logs(request: HttpRequest) -> HttpResponse:
+    """GET /logs: what the model processes printed, as text."""
+    return HttpResponse(runtime.current().dispatcher.logs.history(), content_type="text/plain")
+
+
+async def logs_stream(request: HttpRequest) -> HttpResponse:
+    """GET /logs/stream: history first (unless ?no-history), then live, chunked."""
+    buffer = runtime.current().dispatcher.logs
+    with_history = "no-history" not in request.GET
+
+    async def lines() -> AsyncIterator[bytes]:
+        subscription = buffer.subscribe()
+        try:
+            if with_history:
+                history = buffer.history()
+                if history:
+                    yield history
+            async for chunk in subscription:
+                yield chunk
+        finally:
+            buffer.unsubscribe(subscription)
+
+    response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
+    response["X-Accel-Buffering"] = "no"
+    return response

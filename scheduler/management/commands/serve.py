@@ -1,0 +1,141 @@
+"""``manage.py serve``: the whole app under daphne in this process, with the dispatcher.
+
+The dispatcher starts when the server starts (daphne has no ASGI lifespan, and
+``AppConfig.ready()`` runs for every management command). SIGINT/SIGTERM: stop accepting,
+let running requests finish for up to ``--grace`` seconds, stop every model process, exit.
+A second signal exits at once (still stopping the model processes).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+log = logging.getLogger("llamaswap.serve")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise CommandError(f"--listen must be HOST:PORT, got {value!r}")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+class Command(BaseCommand):
+    help = "Serve llamaswap (proxy, dashboard, metrics) with daphne."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--config", default="", help="llama-swap config.yaml (or LLAMASWAP_CONFIG)")
+        parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
+        parser.add_argument("--grace", type=float, default=30.0, help="seconds running requests get at shutdown")
+        parser.add_argument("--access-log", action="store_true", help="log every HTTP request")
+
+    def handle(self, *args, **options):
+        # daphne.server installs the asyncio Twisted reactor: import it first.
+        import daphne.server
+        from daphne.server import Server
+
+        from proxy.upstream import Upstreams
+        from scheduler import runtime
+        from scheduler.config import ConfigError, load_config
+        from scheduler.dispatcher import Dispatcher
+
+        path = options["config"] or settings.LLAMASWAP_CONFIG
+        if not path:
+            raise CommandError("no config: pass --config FILE or set LLAMASWAP_CONFIG")
+        try:
+            config = load_config(path)
+        except ConfigError as error:
+            raise CommandError(f"config {path}: {error}") from None
+        for warning in config.warnings:
+            self.stderr.write(f"warning: {warning}")
+        host, port = parse_listen(options["listen"])
+
+        from scheduler.observers import build_observers
+
+        observers = build_observers(config)
+        dispatcher = Dispatcher(config, observers=observers)
+        upstreams = Upstreams()
+        runtime.install(runtime.Runtime(config=config, dispatcher=dispatcher, upstreams=upstreams))
+        from llamaswap_site.asgi import application
+
+        loop = daphne.server.twisted_loop
+        ports = []
+
+        class LlamaswapServer(Server):
+            def listen_success(self, port_obj):
+                ports.append(port_obj)
+                super().listen_success(port_obj)
+
+        server = LlamaswapServer(
+            application,
+            endpoints=[f"tcp:port={port}:interface={host}"],
+            signal_handlers=False,
+            action_logger=_access_log if options["access_log"] else None,
+            verbosity=0,
+            application_close_timeout=options["grace"] + 5,
+        )
+        stopping = False
+
+        async def shutdown() -> None:
+            from twisted.internet import reactor
+
+            log.info("shutting down", extra={"grace": options["grace"]})
+            for port_obj in ports:
+                port_obj.stopListening()
+            try:
+                await dispatcher.stop(grace=options["grace"])
+                await upstreams.aclose()
+            finally:
+                runtime.install(None)
+                reactor.stop()
+
+        def on_signal(signum: int) -> None:
+            nonlocal stopping
+            if stopping:  # second signal: models down, out now
+                loop.create_task(_hard_stop(dispatcher))
+                return
+            stopping = True
+            loop.create_task(shutdown())
+
+        def ready() -> None:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, on_signal, signum)
+            loop.create_task(dispatcher.start())
+            for obs in observers:
+                starter = getattr(obs, "start", None)
+                if starter is not None:
+                    loop.create_task(starter())
+            self.stdout.write(
+                f"llamaswap serving {len(config.models)} model(s) from {path} on http://{host}:{port}/ "
+                f"(scheduler: {config.scheduler.use.value})"
+            )
+            self.stdout.flush()
+
+        server.ready_callable = ready
+        server.run()
+        if not ports:
+            raise CommandError(f"could not listen on {host}:{port}")
+        sys.stdout.flush()
+
+
+async def _hard_stop(dispatcher) -> None:
+    from twisted.internet import reactor
+
+    await dispatcher.stop(grace=0)
+    reactor.stop()
+
+
+def _access_log(protocol: str, action: str, details: dict) -> None:
+    if protocol == "http" and action == "complete":
+        log.info(
+            "%s %s %s %s",
+            details.get("client", ""),
+            details.get("method"),
+            details.get("path"),
+            details.get("status"),
+        )

@@ -1,0 +1,198 @@
+"""Run the real server (``manage.py serve``) as a subprocess for end-to-end tests.
+
+The model processes are the bundled simulated model server (proxy.fakellm). Everything a
+test starts is killed when it ends, model processes included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_block(size: int = 8) -> int:
+    """A start port with ``size`` free ports after it (best effort)."""
+    for _ in range(50):
+        base = free_port()
+        if base + size > 65535:
+            continue
+        ok = True
+        for port in range(base, base + size):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port block")
+
+
+def fake_model(port: int, load_seconds: float = 0, tps: float = 0, extra: str = "", **keys) -> dict:
+    """A model entry running the simulated model server on ``port``."""
+    return {
+        "cmd": f"{sys.executable} -m proxy.fakellm --host 127.0.0.1 --port {port} "
+        f"--load-seconds {load_seconds} --tokens-per-second {tps} {extra}",
+        "proxy": f"http://127.0.0.1:{port}",
+        **keys,
+    }
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendant pids of ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    out: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.add(child)
+            stack.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class Server:
+    def __init__(self, tmp: Path, models: dict, extra: dict | None = None, grace: float = 5):
+        self.port = free_port()
+        config = {"healthCheckTimeout": 15, "models": models}
+        config.update(extra or {})
+        self.config_path = tmp / "config.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = tmp / "server.log"
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        env.setdefault("DATABASE_URL", f"sqlite:///{tmp / 'db.sqlite3'}")
+        env["PYTHONUNBUFFERED"] = "1"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "serve",
+                "--config",
+                str(self.config_path),
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--grace",
+                str(grace),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.model_pids: set[int] = set()
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"server not ready: {self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def children(self) -> set[int]:
+        found = descendants(self.proc.pid)
+        self.model_pids |= found
+        return found
+
+    def queue(self) -> dict:
+        return httpx.get(self.url + "/api/queue", timeout=5).json()
+
+    def wait_queue(self, depth: int, timeout: float = 10) -> dict:
+        """Poll /api/queue until ``depth`` requests wait."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.queue()
+            if state["depth"] >= depth:
+                return state
+            time.sleep(0.02)
+        raise AssertionError(f"queue never reached {depth}: {self.queue()}")
+
+    def stop(self) -> None:
+        self.children()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        for pid in self.model_pids:
+            with contextlib.suppress(ProcessLookupError):
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+        self._log.close()
+
+
+@contextlib.contextmanager
+def serve(tmp: Path, models: dict, extra: dict | None = None, **kwargs) -> Iterator[Server]:
+    server = Server(tmp, models, extra, **kwargs)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def fake_requests(port: int) -> list[dict]:
+    """What the simulated model server on ``port`` received, in order."""
+    return httpx.get(f"http://127.0.0.1:{port}/fake/requests", timeout=5).json()
+
+
+def chat(model: str, content: str = "hi", **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def sse_events(body: str) -> list[str]:
+    return [line[6:] for line in body.splitlines() if line.startswith("data: ")]
+
+
+def dumps(obj: object) -> str:
+    return json.dumps(obj)
