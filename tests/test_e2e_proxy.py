@@ -214,15 +214,15 @@ def test_disconnect_while_streaming_starts_the_next_job_at_once(tmp_path):
 
         async def scenario():
             slow = chat("m", "slow", stream=True, fake_tokens=400, fake_tokens_per_second=20)
-            async with httpx.AsyncClient(timeout=60) as client:
-                async with httpx.AsyncClient(timeout=60) as leaver:
-                    async with leaver.stream("POST", server.url + "/v1/chat/completions", json=slow) as r:
-                        async for _ in r.aiter_bytes():
-                            break  # one chunk, then the client leaves
-                        nxt = asyncio.create_task(
-                            client.post(server.url + "/v1/chat/completions", json=chat("m", "next"))
-                        )
-                        await asyncio.to_thread(server.wait_queue, 1)
+            url = server.url + "/v1/chat/completions"
+            async with httpx.AsyncClient(timeout=60) as client, httpx.AsyncClient(timeout=60) as leaver:
+                async with leaver.stream("POST", url, json=slow) as r:
+                    chunks = r.aiter_bytes()
+                    await anext(chunks)  # the slow stream is running
+                    nxt = asyncio.create_task(client.post(url, json=chat("m", "next")))
+                    await asyncio.to_thread(server.wait_queue, 1)
+                    await chunks.aclose()
+                # The client has left the slow stream.
                 left = time.monotonic()
                 response = await nxt
                 return response, time.monotonic() - left
