@@ -48,8 +48,21 @@ def free_port_block(size: int = 8) -> int:
     raise RuntimeError("no free port block")
 
 
-def fake_model(port: int, load_seconds: float = 0, tps: float = 0, extra: str = "", **keys) -> dict:
-    """A model entry running the simulated model server on ``port``."""
+def fake_model(
+    port: int,
+    load_seconds: float = 0,
+    tps: float = 0,
+    extra: str = "",
+    record: Path | None = None,
+    **keys,
+) -> dict:
+    """A model entry running the simulated model server on ``port``.
+
+    With ``record``, every request it receives is appended to that JSONL file, which
+    outlives the process (a swapped-out model's history stays readable).
+    """
+    if record is not None:
+        extra += f" --record-file {record}"
     return {
         "cmd": f"{sys.executable} -m proxy.fakellm --host 127.0.0.1 --port {port} "
         f"--load-seconds {load_seconds} --tokens-per-second {tps} {extra}",
@@ -184,6 +197,14 @@ def serve(tmp: Path, models: dict, extra: dict | None = None, **kwargs) -> Itera
 def fake_requests(port: int) -> list[dict]:
     """What the simulated model server on ``port`` received, in order."""
     return httpx.get(f"http://127.0.0.1:{port}/fake/requests", timeout=5).json()
+
+
+def recorded(path: Path) -> list[dict]:
+    """Requests written by fake models started with ``record=path``, in arrival order."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(rows, key=lambda r: r["received_at"])
 
 
 def chat(model: str, content: str = "hi", **extra) -> dict:

@@ -11,7 +11,7 @@ import asyncio
 import httpx
 import pytest
 
-from tests.server import chat, fake_model, fake_requests, free_port_block, serve
+from tests.server import chat, fake_model, fake_requests, free_port_block, recorded, serve
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,9 +79,9 @@ def test_priority_order_end_to_end(tmp_path):
 
 
 def test_swap_affinity_keeps_same_model_work_together_but_never_crosses_a_band(tmp_path):
-    port_a, port_b = free_port_block(2), None
-    port_b = port_a + 1
-    models = {"a": fake_model(port_a), "b": fake_model(port_b)}
+    port = free_port_block(2)
+    log = tmp_path / "requests.jsonl"
+    models = {"a": fake_model(port, record=log), "b": fake_model(port + 1, record=log)}
     with serve(tmp_path, models) as server:
         queued = [
             (chat("b", "b-normal-1"), None),
@@ -91,12 +91,31 @@ def test_swap_affinity_keeps_same_model_work_together_but_never_crosses_a_band(t
             (chat("a", "a-batch"), "batch"),  # affinity never lifts batch over normal
         ]
         asyncio.run(run_behind_blocker(server, chat("a", "blocker", fake_delay=HOLD), queued))
-        a = received_tags(port_a)
-        b = received_tags(port_b)
-    # interactive goes first (swap to b); then b's own normal request (affinity with b),
-    # then a's normal work together, then batch.
-    assert b == ["b-interactive", "b-normal-1"]
-    assert a == ["blocker", "a-normal-1", "a-normal-2", "a-batch"]
+    # interactive goes first (a swap to b); b's normal request then has the affinity
+    # bonus; a's normal work runs together after one swap back; batch goes last even
+    # though it waits on the loaded model.
+    assert tags(recorded(log)) == [
+        "blocker",
+        "b-interactive",
+        "b-normal-1",
+        "a-normal-1",
+        "a-normal-2",
+        "a-batch",
+    ]
+
+
+def test_affinity_beats_arrival_order_inside_a_band(tmp_path):
+    port = free_port_block(2)
+    log = tmp_path / "requests.jsonl"
+    models = {"a": fake_model(port, record=log), "b": fake_model(port + 1, record=log)}
+    with serve(tmp_path, models) as server:
+        queued = [
+            (chat("b", "b-first"), None),  # came first, but needs a swap
+            (chat("a", "a-second"), None),  # runs on the loaded model: +10
+            (chat("b", "b-pro"), "+2"),  # a tier offset does not beat the bonus
+        ]
+        asyncio.run(run_behind_blocker(server, chat("a", "blocker", fake_delay=HOLD), queued))
+    assert tags(recorded(log)) == ["blocker", "a-second", "b-pro", "b-first"]
 
 
 def test_aging_lets_old_batch_work_overtake_normal(tmp_path):
@@ -125,7 +144,8 @@ def test_aging_lets_old_batch_work_overtake_normal(tmp_path):
 
 def test_fifo_orders_swaps_by_model_priority_plus_header(tmp_path):
     port = free_port_block(3)
-    models = {"a": fake_model(port), "b": fake_model(port + 1), "c": fake_model(port + 2)}
+    log = tmp_path / "requests.jsonl"
+    models = {name: fake_model(port + i, record=log) for i, name in enumerate("abc")}
     extra = {
         "routing": {
             "scheduler": {"use": "fifo", "settings": {"fifo": {"priority": {"b": 10, "c": -5}}}}
@@ -136,12 +156,51 @@ def test_fifo_orders_swaps_by_model_priority_plus_header(tmp_path):
             (chat("c", "c-normal"), None),  # -5
             (chat("b", "b-batch"), "batch"),  # 10 - 100 = -90
             (chat("b", "b-normal"), None),  # 10
-            (chat("c", "c-interactive"), "interactive"),  # 95
+            (chat("c", "c-interactive"), "interactive"),  # -5 + 100 = 95
         ]
         asyncio.run(run_behind_blocker(server, chat("a", "blocker", fake_delay=HOLD), queued))
-        c = received_tags(port + 2)
-        b = received_tags(port + 1)
-    # c-interactive swaps c in; c's other waiting request is served with it (the model is
-    # ready); then b (10) and b's batch request with it.
-    assert c == ["c-interactive", "c-normal"]
-    assert b == ["b-normal", "b-batch"]
+    # c-interactive (95) swaps c in and c's other waiting request is served with it
+    # (the model is ready); then b-normal (10) swaps b in, with b's batch request.
+    order = tags(recorded(log))
+    assert order[0] == "blocker"
+    assert set(order[1:3]) == {"c-interactive", "c-normal"}
+    assert set(order[3:5]) == {"b-normal", "b-batch"}
+
+
+def test_fifo_serves_the_ready_model_at_once_up_to_its_concurrency_limit(tmp_path):
+    port = free_port_block(1)
+    models = {"m": fake_model(port, concurrencyLimit=2)}
+    with serve(tmp_path, models, {"routing": {"scheduler": {"use": "fifo"}}}) as server:
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=30) as client:
+                warm = await post(client, server.url, chat("m", "warm"))
+                slow = [
+                    asyncio.create_task(post(client, server.url, chat("m", f"s{i}", fake_delay=1.0)))
+                    for i in range(2)
+                ]
+                await asyncio.to_thread(_wait_running_count, server, 2)
+                third = await post(client, server.url, chat("m", "third"))
+                return warm, await asyncio.gather(*slow), third
+
+        warm, slow, third = asyncio.run(scenario())
+        assert warm.status_code == 200
+        assert [r.status_code for r in slow] == [200, 200]  # both at once, no queueing
+        assert third.status_code == 429
+        assert third.headers["Retry-After"] == "1"
+        assert third.json()["error"]["type"] == "rate_limit_error"
+
+
+def _wait_running_count(server, count: int, timeout: float = 20) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(server.queue()["running"]) >= count:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"never {count} running")
+
+
+def tags(records: list[dict]) -> list[str]:
+    return [r["body"]["messages"][0]["content"] for r in records]

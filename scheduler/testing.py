@@ -1,0 +1,244 @@
+"""In-memory stand-ins for :mod:`scheduler.process`, for tests of the code that drives models.
+
+:class:`FakeModelProcess` has :class:`~scheduler.process.ModelProcess`'s public surface and
+walks the same :class:`~scheduler.process.ModelState` transitions, with no subprocess and no
+socket. A start can be made slow (``start_delay``), held until the test says so
+(``hold_start`` / :meth:`FakeModelProcess.release`), or made to fail (``start_error``); a
+READY model can be made to crash (:meth:`FakeModelProcess.crash`). Every effect is recorded
+in ``journal`` as ``(action, model id)`` so a test can assert the order of starts and stops
+across models, the way llama-swap's scheduler tests use a recording fake.
+
+:class:`FakeProcessFactory` is called like the ``ModelProcess`` class, so the code under test
+can take a process factory and get the real class in production and this in tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import signal
+from typing import Any
+
+from scheduler.config import ModelConfig
+from scheduler.process import ExitCallback, LogBuffer, ModelStartError, ModelState
+
+_pids = itertools.count(100_000)
+
+
+class FakeModelProcess:
+    """A model process that lives in memory. Same semantics as ``ModelProcess``:
+
+    * ``start()`` from STOPPED goes STARTING -> READY, or back to STOPPED raising
+      :class:`ModelStartError` (``start_error``, a :meth:`crash` while starting, or
+      ``stop()`` meanwhile with cause ``"stopped while starting"``). From READY it returns at
+      once; from STARTING it shares the start in progress.
+    * ``stop()`` goes READY -> STOPPING -> STOPPED (STOPPING lasts ``stop_delay``); it is
+      idempotent and abandons a start in progress.
+    * ``exited`` is a fresh event per start, set when the fake process "exits";
+      ``on_exit`` is called only when a READY process crashes.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        logs: LogBuffer | None = None,
+        *,
+        http_client: Any = None,
+        on_exit: ExitCallback | None = None,
+        start_delay: float = 0.0,
+        stop_delay: float = 0.0,
+        start_error: str | None = None,
+        hold_start: bool = False,
+        journal: list[tuple[str, str]] | None = None,
+    ) -> None:
+        self.config = config
+        self.logs = logs
+        self.on_exit = on_exit
+        self.start_delay = start_delay
+        self.stop_delay = stop_delay
+        self.start_error = start_error
+        """When set, every start fails with this cause."""
+        self.journal: list[tuple[str, str]] = journal if journal is not None else []
+        """``("start" | "ready" | "start_failed" | "stop" | "stopped" | "crash", id)``."""
+        self.calls: list[str] = []
+        """The public methods called, in order: ``"start"``, ``"stop"``."""
+        self._gate = asyncio.Event()
+        if not hold_start:
+            self._gate.set()
+        self._state = ModelState.STOPPED
+        self._pid: int | None = None
+        self._returncode: int | None = None
+        self._exited = asyncio.Event()
+        self._exited.set()
+        self._abort = asyncio.Event()
+        self._abort_cause = ""
+        self._start_done: asyncio.Future[None] | None = None
+        self._stopping: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<FakeModelProcess {self.config.id} {self._state.value}>"
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    @property
+    def state(self) -> ModelState:
+        return self._state
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    @property
+    def exited(self) -> asyncio.Event:
+        return self._exited
+
+    def release(self) -> None:
+        """Let a start held by ``hold_start=True`` (this one and later ones) proceed."""
+        self._gate.set()
+
+    def _record(self, action: str) -> None:
+        self.journal.append((action, self.id))
+        if self.logs is not None:
+            self.logs.write(self.id, f"fake model {action}".encode())
+
+    def _exit(self, returncode: int) -> None:
+        self._returncode = returncode
+        self._exited.set()
+        self._state = ModelState.STOPPED
+
+    async def start(self) -> None:
+        self.calls.append("start")
+        while True:
+            if self._state is ModelState.READY:
+                return
+            if self._state is ModelState.STARTING:
+                assert self._start_done is not None
+                await asyncio.shield(self._start_done)
+                return
+            if self._state is ModelState.STOPPING:
+                assert self._stopping is not None
+                await asyncio.shield(self._stopping)
+                continue
+            break
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._start_done = done
+        self._abort = asyncio.Event()
+        self._exited = asyncio.Event()
+        self._returncode = None
+        self._pid = next(_pids)
+        self._state = ModelState.STARTING
+        self._record("start")
+        try:
+            await self._start()
+        except BaseException as exc:
+            self._exit(-int(signal.SIGKILL) if self._returncode is None else self._returncode)
+            self._record("start_failed")
+            failure = exc if isinstance(exc, ModelStartError) else None
+            done.set_exception(failure or ModelStartError(self.id, "start was cancelled"))
+            done.exception()
+            raise
+        self._state = ModelState.READY
+        self._record("ready")
+        done.set_result(None)
+
+    async def _start(self) -> None:
+        async def ready_after_delay() -> None:
+            await self._gate.wait()
+            await asyncio.sleep(self.start_delay)
+
+        waiting = asyncio.ensure_future(ready_after_delay())
+        aborted = asyncio.ensure_future(self._abort.wait())
+        try:
+            await asyncio.wait([waiting, aborted], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            aborted.cancel()
+        if self._abort.is_set():
+            raise ModelStartError(self.id, self._abort_cause)
+        if self.start_error is not None:
+            self._returncode = 1
+            raise ModelStartError(self.id, self.start_error)
+
+    async def stop(self) -> None:
+        self.calls.append("stop")
+        if self._state is ModelState.STARTING:
+            assert self._start_done is not None
+            self._abort_cause = "stopped while starting"
+            self._returncode = -int(signal.SIGTERM)
+            self._abort.set()
+            with contextlib.suppress(ModelStartError):
+                await asyncio.shield(self._start_done)
+        if self._state in (ModelState.READY, ModelState.STOPPING):
+            if self._stopping is None or self._stopping.done():
+                self._stopping = asyncio.create_task(self._stop())
+            await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
+        self._state = ModelState.STOPPING
+        self._record("stop")
+        try:
+            await asyncio.sleep(self.stop_delay)
+        finally:
+            self._exit(-int(signal.SIGTERM))
+            self._record("stopped")
+
+    def crash(self, returncode: int = 1) -> None:
+        """The process dies on its own: READY -> STOPPED and ``on_exit``; STARTING -> failed."""
+        if self._state is ModelState.STARTING:
+            self._abort_cause = f"process exited with code {returncode} before becoming healthy"
+            self._returncode = returncode
+            self._abort.set()
+        elif self._state is ModelState.READY:
+            self._exit(returncode)
+            self._record("crash")
+            if self.on_exit is not None:
+                self.on_exit(self)  # type: ignore[arg-type]
+        else:
+            raise RuntimeError(f"cannot crash a model that is {self._state.value}")
+
+
+class FakeProcessFactory:
+    """Builds one :class:`FakeModelProcess` per model id, all sharing one ``journal``.
+
+    ``defaults`` are FakeModelProcess options for every model; :meth:`configure` sets them
+    per model id, before or after the process is built.
+    """
+
+    def __init__(self, **defaults: Any) -> None:
+        self.defaults = defaults
+        self.options: dict[str, dict[str, Any]] = {}
+        self.processes: dict[str, FakeModelProcess] = {}
+        self.journal: list[tuple[str, str]] = []
+
+    def configure(self, model_id: str, **options: Any) -> None:
+        self.options.setdefault(model_id, {}).update(options)
+        process = self.processes.get(model_id)
+        if process is not None:
+            for name, value in options.items():
+                if name == "hold_start":
+                    if value:
+                        process._gate.clear()
+                    else:
+                        process.release()
+                else:
+                    setattr(process, name, value)
+
+    def __call__(
+        self,
+        config: ModelConfig,
+        logs: LogBuffer | None = None,
+        *,
+        http_client: Any = None,
+        on_exit: ExitCallback | None = None,
+    ) -> FakeModelProcess:
+        options = {**self.defaults, **self.options.get(config.id, {})}
+        process = FakeModelProcess(config, logs, on_exit=on_exit, journal=self.journal, **options)
+        self.processes[config.id] = process
+        return process

@@ -1,0 +1,469 @@
+"""ModelProcess over real subprocesses and loopback HTTP; LogBuffer; the in-memory fake."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from scheduler.config import ModelConfig
+from scheduler.process import LogBuffer, ModelProcess, ModelStartError, ModelState
+from scheduler.testing import FakeModelProcess, FakeProcessFactory
+from tests.conftest import ROOT, fakellm_argv, pick_free_port
+
+pytestmark = pytest.mark.timeout(15)
+
+PY = sys.executable
+SLEEPER = "import time; print('ready', flush=True); time.sleep(60)"
+IGNORES_SIGTERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); time.sleep(60)"
+)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+async def wait_dead(pid: int, timeout: float = 3.0) -> None:
+    """Wait for a process that is not our child to die, on its pidfd: no polling."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    gone = asyncio.Event()
+    loop.add_reader(fd, gone.set)
+    try:
+        async with asyncio.timeout(timeout):
+            await gone.wait()
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+async def next_line(subscription, needle: bytes, timeout: float = 3.0) -> bytes:
+    async with asyncio.timeout(timeout):
+        async for line in subscription:
+            if needle in line:
+                return line
+    raise AssertionError(f"subscription ended before {needle!r}")
+
+
+def config(cmd, **overrides) -> ModelConfig:
+    values = {
+        "id": "m",
+        "cmd": tuple(cmd),
+        "proxy": f"http://127.0.0.1:{pick_free_port()}",
+        "check_endpoint": None,
+        "health_check_timeout": 5,
+        "unload_timeout": 2,
+    }
+    values.update(overrides)
+    return ModelConfig(**values)
+
+
+@pytest.fixture
+def logs() -> LogBuffer:
+    return LogBuffer()
+
+
+@pytest.fixture
+async def spawn(logs) -> AsyncIterator[Callable[..., ModelProcess]]:
+    """Builds ModelProcesses; at teardown stops them all and checks nothing is left running."""
+    made: list[ModelProcess] = []
+
+    def make(cfg: ModelConfig, **kwargs) -> ModelProcess:
+        process = ModelProcess(cfg, logs, **kwargs)
+        made.append(process)
+        return process
+
+    yield make
+
+    async with asyncio.timeout(5):
+        for process in made:
+            await process.stop()
+    for process in made:
+        assert process.state is ModelState.STOPPED
+        if process.pid is not None:
+            assert not alive(process.pid), f"{process} left running"
+
+
+def fakellm_config(*args: str, **overrides) -> ModelConfig:
+    port = pick_free_port()
+    return config(
+        fakellm_argv(port, *args),
+        proxy=f"http://127.0.0.1:{port}",
+        check_endpoint="/health",
+        **overrides,
+    )
+
+
+# -- start -----------------------------------------------------------------------------------
+
+
+async def test_start_waits_for_health_then_ready_and_stop(spawn):
+    process = spawn(fakellm_config("--load-seconds", "0.3"))
+    assert process.state is ModelState.STOPPED
+    async with asyncio.timeout(5):
+        await process.start()
+        assert process.state is ModelState.READY
+        assert process.returncode is None and not process.exited.is_set()
+        async with httpx.AsyncClient(trust_env=False) as client:
+            # READY means the health check passed, so the server answers at once.
+            health = await client.get(f"{process.config.proxy}/health")
+        assert health.status_code == 200
+        await process.start()  # idempotent while READY
+        await process.stop()
+    assert process.state is ModelState.STOPPED
+    assert process.exited.is_set()
+    assert process.returncode == 0  # fakellm exits cleanly on SIGTERM
+    assert not alive(process.pid)
+
+
+async def test_health_timeout_raises_and_leaves_no_process(spawn):
+    process = spawn(fakellm_config("--load-seconds", "30", health_check_timeout=0.5))
+    async with asyncio.timeout(5):
+        with pytest.raises(ModelStartError) as info:
+            await process.start()
+    assert info.value.model == "m"
+    assert info.value.cause == "health check timed out after 0.5s"
+    assert process.state is ModelState.STOPPED
+    assert process.exited.is_set()
+    assert not alive(process.pid)
+
+
+async def test_process_exiting_before_healthy_names_exit_code(spawn, logs):
+    script = "import sys; print('cannot load model', flush=True); sys.exit(1)"
+    process = spawn(config([PY, "-c", script], check_endpoint="/health"))
+    async with asyncio.timeout(5):
+        with pytest.raises(ModelStartError) as info:
+            await process.start()
+    assert info.value.cause == "process exited with code 1 before becoming healthy"
+    assert process.returncode == 1
+    assert process.state is ModelState.STOPPED
+    assert b"[m] cannot load model\n" in logs.history()  # its last words are kept
+
+
+async def test_missing_binary_is_a_start_error(spawn):
+    process = spawn(config(["/nonexistent/llama-server", "--port", "1"]))
+    with pytest.raises(ModelStartError, match="could not run '/nonexistent/llama-server'"):
+        await process.start()
+    assert process.state is ModelState.STOPPED
+    assert process.exited.is_set()
+
+
+async def test_env_is_added_to_the_environment(spawn, logs):
+    script = "import os; print(os.environ['MODEL_FLAG'], 'PATH' in os.environ, flush=True)"
+    process = spawn(config([PY, "-c", script], env={"MODEL_FLAG": "on"}))
+    async with asyncio.timeout(5):
+        await process.start()  # check_endpoint None: ready once spawned
+        await process.exited.wait()
+    assert logs.history("m") == b"on True\n"
+
+
+async def test_stop_while_starting_abandons_the_start(spawn, logs):
+    process = spawn(fakellm_config("--load-seconds", "30"))
+    subscription = logs.subscribe("m")
+    async with asyncio.timeout(5):
+        starting = asyncio.create_task(process.start())
+        await next_line(subscription, b"listening on")
+        assert process.state is ModelState.STARTING
+        await process.stop()
+        assert process.state is ModelState.STOPPED
+        with pytest.raises(ModelStartError, match="stopped while starting"):
+            await starting
+    assert not alive(process.pid)
+
+
+async def test_cancelling_start_kills_the_process(spawn, logs):
+    process = spawn(fakellm_config("--load-seconds", "30"))
+    subscription = logs.subscribe("m")
+    async with asyncio.timeout(5):
+        starting = asyncio.create_task(process.start())
+        await next_line(subscription, b"listening on")
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+    assert process.state is ModelState.STOPPED
+    assert not alive(process.pid)
+
+
+async def test_concurrent_starts_share_one_process(spawn):
+    process = spawn(fakellm_config("--load-seconds", "0.2"))
+    async with asyncio.timeout(5):
+        await asyncio.gather(process.start(), process.start())
+    assert process.state is ModelState.READY
+    first_pid = process.pid
+    async with asyncio.timeout(5):
+        await asyncio.gather(process.stop(), process.stop())
+        await process.stop()  # idempotent
+    assert process.state is ModelState.STOPPED
+    assert not alive(first_pid)
+
+
+# -- stop ------------------------------------------------------------------------------------
+
+
+async def test_stop_sends_sigterm(spawn, logs):
+    process = spawn(config([PY, "-c", SLEEPER]))
+    subscription = logs.subscribe("m")
+    async with asyncio.timeout(5):
+        await process.start()
+        await next_line(subscription, b"ready")
+        await process.stop()
+    assert process.returncode == -signal.SIGTERM
+
+
+async def test_stop_escalates_to_sigkill(spawn, logs):
+    process = spawn(config([PY, "-c", IGNORES_SIGTERM], unload_timeout=0.5))
+    subscription = logs.subscribe("m")
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(5):
+        await process.start()
+        await next_line(subscription, b"ready")  # the handler is installed
+        began = loop.time()
+        await process.stop()
+    assert process.returncode == -signal.SIGKILL
+    assert loop.time() - began >= 0.5
+    assert not alive(process.pid)
+
+
+async def test_cmd_stop_gets_the_pid(spawn, logs):
+    model = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: (print('got usr1', flush=True), sys.exit(7)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    stopper = "import os, signal, sys; print('stopping', sys.argv[1]); os.kill(int(sys.argv[1]), signal.SIGUSR1)"
+    process = spawn(config([PY, "-c", model], cmd_stop=(PY, "-c", stopper, "${PID}")))
+    subscription = logs.subscribe("m")
+    async with asyncio.timeout(5):
+        await process.start()
+        await next_line(subscription, b"ready")
+        await process.stop()
+    assert process.returncode == 7  # SIGUSR1 from cmd_stop, not our SIGTERM
+    history = logs.history("m")
+    assert f"stopping {process.pid}\n".encode() in history
+    assert b"got usr1\n" in history
+
+
+async def test_stop_takes_the_whole_process_group(spawn, logs):
+    wrapper = "sleep 60 & echo child $!; wait"
+    process = spawn(config(["sh", "-c", wrapper]))
+    subscription = logs.subscribe("m")
+    async with asyncio.timeout(5):
+        await process.start()
+        grandchild = int((await next_line(subscription, b"child ")).split()[1])
+        assert alive(grandchild)
+        await process.stop()
+        await wait_dead(grandchild)
+
+
+# -- unexpected exit -------------------------------------------------------------------------
+
+
+async def test_crash_while_ready_sets_exited_and_calls_on_exit(spawn):
+    exits: list[ModelProcess] = []
+    process = spawn(fakellm_config(), on_exit=exits.append)
+    request = {"messages": [], "stream": True, "fake_tokens": 5, "fake_crash_after": 1}
+    async with asyncio.timeout(5):
+        await process.start()
+        async with httpx.AsyncClient(trust_env=False) as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                url = f"{process.config.proxy}/v1/chat/completions"
+                async with client.stream("POST", url, json=request) as response:
+                    await response.aread()
+        await process.exited.wait()
+    assert process.state is ModelState.STOPPED
+    assert process.returncode == 3
+    assert exits == [process]
+
+
+async def test_leader_exit_takes_its_group_with_it(spawn, logs):
+    exits: list[ModelProcess] = []
+    process = spawn(config(["sh", "-c", "sleep 60 & echo child $!; wait"]), on_exit=exits.append)
+    subscription = logs.subscribe("m")
+    async with asyncio.timeout(5):
+        await process.start()
+        grandchild = int((await next_line(subscription, b"child ")).split()[1])
+        os.kill(process.pid, signal.SIGKILL)  # the wrapper dies, its child would be orphaned
+        await process.exited.wait()
+        await wait_dead(grandchild)
+    assert exits == [process]
+    assert process.returncode == -signal.SIGKILL
+
+
+PARENT = """
+import asyncio, sys
+sys.path.insert(0, {root!r})
+from scheduler.config import ModelConfig
+from scheduler.process import LogBuffer, ModelProcess
+
+async def main():
+    cfg = ModelConfig(id="m", cmd=({py!r}, "-c", "import time; time.sleep(60)"),
+                      proxy="http://127.0.0.1:1", check_endpoint=None)
+    process = ModelProcess(cfg, LogBuffer())
+    await process.start()
+    print(process.pid, flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_model_dies_when_the_server_is_sigkilled():
+    parent = await asyncio.create_subprocess_exec(
+        PY,
+        "-c",
+        PARENT.format(root=str(ROOT), py=PY),
+        stdout=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    child = None
+    try:
+        async with asyncio.timeout(5):
+            assert parent.stdout is not None
+            child = int(await parent.stdout.readline())
+            assert alive(child)
+            parent.kill()  # no cleanup code runs in the parent
+            await parent.wait()
+            await wait_dead(child)  # PR_SET_PDEATHSIG did it
+    finally:
+        if parent.returncode is None:
+            parent.kill()
+            await parent.wait()
+        if child is not None and alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+# -- LogBuffer -------------------------------------------------------------------------------
+
+
+def test_log_history_prefixes_lines_and_filters_by_model():
+    logs = LogBuffer()
+    logs.write("a", b"one\n")
+    logs.write("b", b"two")  # a newline is added
+    assert logs.history() == b"[a] one\n[b] two\n"
+    assert logs.history("b") == b"two\n"
+    assert logs.history("c") == b""
+
+
+def test_log_buffer_is_bounded_by_bytes_dropping_oldest():
+    logs = LogBuffer(max_bytes=40)
+    for i in range(10):
+        logs.write("m", f"line {i}".encode())  # 11 bytes each with "[m] " and newline
+    assert logs.history() == b"[m] line 7\n[m] line 8\n[m] line 9\n"
+
+
+async def test_live_subscription_gets_new_lines_from_a_process(spawn, logs):
+    script = "import sys; print('hello'); print('from the model', file=sys.stderr)"
+    logs.write("other", b"before subscribing")
+    process = spawn(config([PY, "-c", script]))
+    async with asyncio.timeout(5), logs.subscribe() as subscription:
+        await process.start()
+        assert await anext(subscription) == b"[m] hello\n"
+        assert await anext(subscription) == b"[m] from the model\n"
+    assert subscription.closed
+
+
+async def test_slow_subscriber_drops_instead_of_blocking():
+    logs = LogBuffer()
+    slow = logs.subscribe(maxsize=2)
+    for i in range(5):
+        logs.write("m", f"{i}".encode())  # never blocks
+    assert slow.dropped == 3
+    logs.unsubscribe(slow)
+    async with asyncio.timeout(1):
+        received = [line async for line in slow]
+    assert received == [b"[m] 1\n"]  # the oldest queued line made room for the end
+    logs.write("m", b"after")  # no longer delivered, no error
+    assert logs.history().endswith(b"[m] after\n")
+
+
+async def test_per_model_subscription_is_unprefixed():
+    logs = LogBuffer()
+    subscription = logs.subscribe("b")
+    logs.write("a", b"not mine")
+    logs.write("b", b"mine")
+    subscription.close()
+    async with asyncio.timeout(1):
+        assert [line async for line in subscription] == [b"mine\n"]
+
+
+# -- the in-memory fake follows the same protocol --------------------------------------------
+
+
+def fake_config(model_id: str = "f") -> ModelConfig:
+    return ModelConfig(id=model_id, cmd=("fake",), proxy="http://fake")
+
+
+async def test_fake_walks_the_same_states():
+    exits = []
+    fake = FakeModelProcess(fake_config(), hold_start=True, on_exit=exits.append)
+    async with asyncio.timeout(1):
+        starting = asyncio.create_task(fake.start())
+        await asyncio.sleep(0)
+        assert fake.state is ModelState.STARTING and not fake.exited.is_set()
+        fake.release()
+        await starting
+        assert fake.state is ModelState.READY
+        fake.crash(returncode=2)
+    assert fake.state is ModelState.STOPPED and fake.returncode == 2
+    assert fake.exited.is_set() and exits == [fake]
+    assert fake.journal == [("start", "f"), ("ready", "f"), ("crash", "f")]
+
+
+async def test_fake_start_failures_and_stop_while_starting():
+    failing = FakeModelProcess(fake_config(), start_error="health check timed out after 1s")
+    with pytest.raises(ModelStartError, match="timed out"):
+        await failing.start()
+    assert failing.state is ModelState.STOPPED
+
+    held = FakeModelProcess(fake_config(), hold_start=True)
+    async with asyncio.timeout(1):
+        starting = asyncio.create_task(held.start())
+        await asyncio.sleep(0)
+        await held.stop()
+        with pytest.raises(ModelStartError, match="stopped while starting"):
+            await starting
+    assert held.state is ModelState.STOPPED and held.calls == ["start", "stop"]
+
+
+async def test_fake_factory_records_effects_across_models():
+    factory = FakeProcessFactory()
+    factory.configure("b", start_error="boom")
+    a = factory(fake_config("a"), None)
+    b = factory(fake_config("b"), None)
+    await a.start()
+    with contextlib.suppress(ModelStartError):
+        await b.start()
+    await a.stop()
+    assert factory.processes == {"a": a, "b": b}
+    assert factory.journal == [
+        ("start", "a"),
+        ("ready", "a"),
+        ("start", "b"),
+        ("start_failed", "b"),
+        ("stop", "a"),
+        ("stopped", "a"),
+    ]
