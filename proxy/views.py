@@ -198,6 +198,7 @@ async def _stream(dispatcher: Any, ticket: Ticket, upstream: httpx.Response) -> 
     outcome, error = Outcome.COMPLETED, None
     tail = b""
     try:
+        yield b""  # daphne sends the headers with the first body write: send them now
         async for chunk in upstream.aiter_raw():
             yield chunk
             tail = (tail + chunk)[-STREAM_TAIL:] if len(chunk) < STREAM_TAIL else chunk[-STREAM_TAIL:]
@@ -363,6 +364,7 @@ async def logs_stream(request: HttpRequest) -> HttpResponse:
     async def lines() -> AsyncIterator[bytes]:
         subscription = buffer.subscribe()
         try:
+            yield b""  # headers now (daphne sends them with the first body write)
             if with_history:
                 history = buffer.history()
                 if history:

@@ -149,6 +149,31 @@ def test_logs_show_model_output(server):
     assert "qwen" in r.text
 
 
+def test_logs_stream_sends_history_then_live_lines(server):
+    httpx.post(server.url + "/v1/chat/completions", json=chat("qwen"), timeout=20)
+    with httpx.stream("GET", server.url + "/logs/stream", timeout=10) as r:
+        assert r.status_code == 200
+        first = next(r.iter_bytes())
+    assert b"qwen" in first  # history first
+    with httpx.stream("GET", server.url + "/logs/stream?no-history", timeout=10) as r:
+        httpx.post(server.url + "/api/models/unload", timeout=20)
+        httpx.post(server.url + "/v1/chat/completions", json=chat("qwen"), timeout=20)
+        live = next(r.iter_bytes())  # a new line from the restarted model
+    assert b"qwen" in live
+
+
+def test_multipart_transcription_takes_the_model_from_the_form(server):
+    r = httpx.post(
+        server.url + "/v1/audio/transcriptions",
+        data={"model": "qwen"},
+        files={"file": ("a.wav", b"RIFF....", "audio/wav")},
+        timeout=20,
+    )
+    assert r.status_code == 200
+    assert "text" in r.json()
+    assert fake_requests(server.ports["qwen"])[-1]["path"] == "/v1/audio/transcriptions"
+
+
 def test_streaming_passes_through_chunk_by_chunk(server):
     body = chat("qwen", stream=True, fake_tokens=5)
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=20) as r:
