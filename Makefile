@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench lint clean
+.PHONY: install run test bench lint clean chromium
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,11 +16,18 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+# LLAMASWAP_ADMIN_PASSWORD=... make run creates (or updates) the admin account
+# LLAMASWAP_ADMIN_USER (default admin); without it, ensure_admin says how to make one.
 run: install
 	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py ensure_admin
 	$(BIN)/python manage.py serve --config config.example.yaml --listen 127.0.0.1:8080
 
-test: install
+# The browser test drives Debian's chromium with Playwright; never a downloaded browser.
+chromium:
+	@test -x /usr/bin/chromium || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+test: install chromium
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

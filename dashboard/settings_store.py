@@ -1,0 +1,209 @@
+"""Stored scheduler settings: what the config file says, what the admin changed, what wins.
+
+The rule (also in docs/dashboard.md):
+
+* At every start, ``manage.py serve`` stores the config file's scheduler values
+  (``config_values``).
+* A value saved in the admin is in effect at once (the running dispatcher gets it for its
+  next pick) and stays in effect across restarts ...
+* ... until the config file's value *for that key* differs from the one stored at the
+  previous start: a changed config file wins over an older admin edit. Keys the admin
+  never edited always follow the config file.
+
+Every change, by the admin or by a changed config file, is a :class:`SettingsChange` row.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+
+from dashboard.models import SchedulerSettingsRecord, SettingsChange
+from scheduler.policy import SchedulerSettings
+
+log = logging.getLogger("llamaswap.settings")
+
+# config key name -> record field (and SchedulerSettings.create keyword)
+FIELDS: dict[str, str] = {
+    "use": "use",
+    "agingDivisor": "aging_divisor",
+    "swapAffinityBonus": "swap_affinity_bonus",
+    "fifoPriority": "fifo_priority",
+}
+
+SOURCE_CONFIG = "config file"
+
+
+def _number(value: Any) -> Any:
+    """60.0 -> 60, so stored and config values compare and print alike."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def settings_values(settings: SchedulerSettings) -> dict[str, Any]:
+    """The four keys as JSON values."""
+    return {
+        "use": settings.use.value,
+        "agingDivisor": _number(settings.aging_divisor),
+        "swapAffinityBonus": settings.swap_affinity_bonus,
+        "fifoPriority": dict(sorted(settings.fifo_priority.items())),
+    }
+
+
+def record_values(record: SchedulerSettingsRecord) -> dict[str, Any]:
+    return {
+        "use": record.use,
+        "agingDivisor": _number(record.aging_divisor),
+        "swapAffinityBonus": record.swap_affinity_bonus,
+        "fifoPriority": dict(sorted((record.fifo_priority or {}).items())),
+    }
+
+
+def to_settings(values: dict[str, Any]) -> SchedulerSettings:
+    """Validate (raises SettingsError naming the config key)."""
+    return SchedulerSettings.create(
+        use=values["use"],
+        aging_divisor=values["agingDivisor"],
+        swap_affinity_bonus=values["swapAffinityBonus"],
+        fifo_priority=values["fifoPriority"],
+    )
+
+
+def _set(record: SchedulerSettingsRecord, values: dict[str, Any]) -> None:
+    for key, field in FIELDS.items():
+        setattr(record, field, values[key])
+
+
+def describe_source(overrides: dict[str, dict[str, str]]) -> str:
+    """Where the settings in effect came from, in words, for the dashboard."""
+    if not overrides:
+        return SOURCE_CONFIG
+    parts = []
+    for key in FIELDS:
+        info = overrides.get(key)
+        if info:
+            parts.append(f"{key} by {info.get('by') or '?'} at {info.get('at', '?')}")
+    return "admin edit: " + "; ".join(parts) + " (the rest from the config file)"
+
+
+def _stamp(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@dataclass(frozen=True)
+class Effective:
+    settings: SchedulerSettings
+    source: str
+
+
+def apply_at_start(config_settings: SchedulerSettings) -> Effective:
+    """Merge the config file's settings with stored admin edits (the rule above), store
+    the result, and return the settings the dispatcher starts with."""
+    config_vals = settings_values(config_settings)
+    with transaction.atomic():
+        record = (
+            SchedulerSettingsRecord.objects.select_for_update()
+            .filter(pk=SchedulerSettingsRecord.SINGLETON_PK)
+            .first()
+        )
+        if record is None:
+            record = SchedulerSettingsRecord(pk=SchedulerSettingsRecord.SINGLETON_PK)
+            _set(record, config_vals)
+            record.config_values = config_vals
+            record.admin_overrides = {}
+            record.updated_by = SOURCE_CONFIG
+            record.save()
+            return Effective(config_settings, SOURCE_CONFIG)
+
+        current = record_values(record)
+        previous_config = record.config_values or {}
+        overrides = dict(record.admin_overrides or {})
+        merged: dict[str, Any] = {}
+        changes = []
+        for key in FIELDS:
+            if key in overrides and previous_config.get(key) == config_vals[key]:
+                merged[key] = current[key]  # admin edit, config unchanged: admin wins
+                continue
+            overrides.pop(key, None)  # never edited, or the config file changed: config wins
+            merged[key] = config_vals[key]
+            if current[key] != config_vals[key]:
+                changes.append(
+                    SettingsChange(
+                        who=SOURCE_CONFIG,
+                        field=key,
+                        old=current[key],
+                        new=config_vals[key],
+                        source=SettingsChange.SOURCE_CONFIG,
+                    )
+                )
+        try:
+            effective = to_settings(merged)
+        except ValueError:
+            log.warning("stored scheduler settings are invalid; using the config file's")
+            merged, overrides, effective = config_vals, {}, config_settings
+        _set(record, merged)
+        record.config_values = config_vals
+        record.admin_overrides = overrides
+        if changes:
+            record.updated_by = SOURCE_CONFIG
+        record.save()
+        SettingsChange.objects.bulk_create(changes)
+    return Effective(effective, describe_source(overrides))
+
+
+def apply_at_start_or_config(config_settings: SchedulerSettings) -> Effective:
+    """:func:`apply_at_start`, or the config file alone when the database is not ready
+    (no ``manage.py migrate`` yet): admin edits are then unavailable, nothing else is."""
+    try:
+        return apply_at_start(config_settings)
+    except DatabaseError as error:
+        log.warning(
+            "settings store unavailable (run `manage.py migrate`); using the config file",
+            extra={"cause": str(error)},
+        )
+        return Effective(config_settings, SOURCE_CONFIG)
+
+
+def save_admin_edit(
+    record: SchedulerSettingsRecord, old: dict[str, Any], user: str
+) -> tuple[SchedulerSettings, str, list[SettingsChange]]:
+    """After the admin saved ``record``: note which keys it now overrides, record the
+    changes (old -> new), and return the new settings and their source description."""
+    new = record_values(record)
+    now = timezone.now()
+    overrides = dict(record.admin_overrides or {})
+    changes = []
+    for key in FIELDS:
+        if old.get(key) != new[key]:
+            overrides[key] = {"by": user, "at": _stamp(now)}
+            changes.append(
+                SettingsChange(
+                    who=user,
+                    field=key,
+                    old=old.get(key),
+                    new=new[key],
+                    source=SettingsChange.SOURCE_ADMIN,
+                )
+            )
+    record.admin_overrides = overrides
+    record.updated_by = user
+    record.save(update_fields=["admin_overrides", "updated_by", "updated_at"])
+    SettingsChange.objects.bulk_create(changes)
+    return to_settings(new), describe_source(overrides), changes
+
+
+def push_to_dispatcher(settings: SchedulerSettings, source: str) -> bool:
+    """Hand new settings to the running dispatcher (same process under daphne).
+    False when no server runs in this process."""
+    from scheduler import runtime
+
+    if not runtime.is_running():
+        return False
+    runtime.current().dispatcher.set_settings(settings, source=source)
+    return True

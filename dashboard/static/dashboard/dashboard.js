@@ -1,0 +1,224 @@
+// llamaswap dashboard: the server renders the first paint; this keeps it live over the
+// websocket at /ws/dashboard/ (a snapshot on connect, then coalesced updates), says when
+// the connection is lost and reconnects by itself. No framework, no page reloads.
+(function () {
+  "use strict";
+
+  var BANDS = ["interactive", "normal", "batch"];
+  var COLORS = { interactive: "#e8590c", normal: "#1c7ed6", batch: "#7048e8" };
+  var REQUEST_URL = document.currentScript.dataset.requestUrl || "/requests/";
+  var HISTORY = 600; // chart points kept (one a second: ten minutes)
+
+  // -- formatting (same as dashboard/templatetags/dash.py) -----------------------------
+
+  function secs(v) {
+    if (v === null || v === undefined) return "–";
+    if (v < 60) return v.toFixed(1) + " s";
+    if (v < 3600) {
+      var m = Math.floor(v / 60), s = Math.floor(v % 60);
+      return m + "m " + (s < 10 ? "0" : "") + s + "s";
+    }
+    var h = Math.floor(v / 3600), mm = Math.floor((v % 3600) / 60);
+    return h + "h " + (mm < 10 ? "0" : "") + mm + "m";
+  }
+  function clock(t) {
+    if (t === null || t === undefined) return "–";
+    return new Date(t * 1000).toISOString().substring(11, 19);
+  }
+  function num(v) {
+    if (v === null || v === undefined) return "–";
+    var text = v.toFixed(2).replace(/\.?0+$/, "");
+    return text === "-0" || text === "" ? "0" : text;
+  }
+  function shortId(id) { return id && id.length > 12 ? id.substring(0, 8) : id; }
+  function esc(s) {
+    return String(s).replace(/[&<>"']/g, function (c) {
+      return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c];
+    });
+  }
+  function termLabel(t) { return t === "swap_affinity" ? "swap affinity" : t; }
+  function rid(id) {
+    return '<a href="' + REQUEST_URL + encodeURIComponent(id) + '/" class="rid">' + esc(shortId(id)) + "</a>";
+  }
+  function tag(band) { return '<span class="tag tag-' + esc(band) + '">' + esc(band) + "</span>"; }
+  function $(sel, root) { return (root || document).querySelector(sel); }
+  function setText(sel, text, root) { var el = $(sel, root); if (el) el.textContent = text; }
+
+  // -- rendering ------------------------------------------------------------------------
+
+  function renderBands(snap) {
+    snap.bands.forEach(function (b) {
+      var card = $('.band[data-band="' + b.band + '"]');
+      if (!card) return;
+      setText(".depth", b.depth, card);
+      setText(".oldest", secs(b.oldest_wait), card);
+      setText(".dispatched", b.dispatched, card);
+      setText(".r-aging", b.reorders.aging, card);
+      setText(".r-affinity", b.reorders.swap_affinity, card);
+    });
+  }
+
+  function renderGpu(snap) {
+    setText("#gpu .model-id", snap.model.id || "none");
+    var state = $("#gpu .state");
+    state.textContent = snap.model.state;
+    state.className = "state state-" + snap.model.state;
+    var rows = snap.running.map(function (j) {
+      return "<tr><td>" + rid(j.request_id) + "</td><td>" + esc(j.model) + "</td><td>" + tag(j.band) +
+        '</td><td class="n">' + j.priority + "</td><td>" + esc(j.state) + '</td><td class="n">' +
+        secs(j.elapsed) + "</td></tr>";
+    });
+    $("#running-rows").innerHTML = rows.join("") ||
+      '<tr class="empty"><td colspan="6">idle — nothing running</td></tr>';
+  }
+
+  function renderSettings(snap) {
+    var s = snap.settings;
+    setText("#settings .s-use", s.use);
+    setText("#settings .s-aging", s.agingDivisor);
+    setText("#settings .s-bonus", s.swapAffinityBonus);
+    var fifo = Object.keys(s.fifoPriority).map(function (m) { return m + "=" + s.fifoPriority[m]; });
+    setText("#settings .s-fifo", fifo.join(" ") || "none");
+    setText("#settings .s-source", s.source);
+    setText("#settings .s-since", clock(s.since));
+  }
+
+  function renderWaiting(snap) {
+    var rows = snap.waiting.map(function (w) {
+      return '<tr><td class="n">' + w.rank + "</td><td>" + rid(w.request_id) + "</td><td>" + esc(w.model) +
+        "</td><td>" + tag(w.band) + '</td><td class="n">' + w.priority + '</td><td class="n">' +
+        num(w.affinity) + '</td><td class="n">' + num(w.aging) + '</td><td class="n score">' +
+        num(w.score) + '</td><td class="n">' + secs(w.wait) + "</td></tr>";
+    });
+    $("#waiting-rows").innerHTML = rows.join("") ||
+      '<tr class="empty"><td colspan="9">nothing waiting</td></tr>';
+    setText("#waiting .waiting-count",
+      snap.depth > snap.waiting_shown ? "showing " + snap.waiting_shown + " of " + snap.depth : String(snap.depth));
+  }
+
+  function renderDecisions(snap) {
+    var rows = snap.decisions.map(function (d) {
+      var terms = d.reordered_by.map(function (t) { return '<span class="term">' + termLabel(t) + "</span>"; });
+      return "<tr><td>" + clock(d.at) + "</td><td>" + rid(d.request_id) + "</td><td>" + esc(d.model) +
+        "</td><td>" + tag(d.band) + '</td><td class="n">' + d.priority + '</td><td class="n score">' +
+        num(d.score) + '</td><td class="n">' + secs(d.wait) + "</td><td>" + (d.swap ? "swap" : "–") +
+        "</td><td>" + (terms.join(" ") || "priority · arrival") + "</td></tr>";
+    });
+    $("#decision-rows").innerHTML = rows.join("") ||
+      '<tr class="empty"><td colspan="9">no decisions yet</td></tr>';
+  }
+
+  // -- charts (uPlot, served from /static) -----------------------------------------------
+
+  var data = [[], [], [], [], [], [], []]; // t, depth x3, oldest wait x3
+  var charts = [];
+
+  function addSamples(rows) {
+    rows.forEach(function (r) {
+      var last = data[0].length ? data[0][data[0].length - 1] : -Infinity;
+      if (r[0] <= last) return;
+      for (var i = 0; i < 7; i++) data[i].push(r[i]);
+    });
+    if (data[0].length > HISTORY) {
+      for (var i = 0; i < 7; i++) data[i].splice(0, data[0].length - HISTORY);
+    }
+  }
+
+  function makeChart(el, offset, label) {
+    var series = [{}].concat(BANDS.map(function (b) {
+      return { label: b, stroke: COLORS[b], width: 2, value: function (u, v) { return v === null ? "–" : v; } };
+    }));
+    var opts = {
+      width: Math.max(200, el.clientWidth), height: 180, series: series,
+      scales: {
+        x: { time: true, range: function (u, min, max) { return [Math.min(min, max - 60), max]; } },
+        y: { range: function (u, min, max) { return [0, Math.max(1, max * 1.1)]; } } },
+      axes: [{}, { label: label, size: 50 }],
+      legend: { live: false },
+    };
+    var view = function () { return [data[0], data[offset], data[offset + 1], data[offset + 2]]; };
+    var chart = new uPlot(opts, view(), el);
+    return { chart: chart, el: el, view: view };
+  }
+
+  function renderCharts() {
+    charts.forEach(function (c) { c.chart.setData(c.view()); });
+  }
+
+  // -- applying a snapshot ------------------------------------------------------------
+
+  function apply(snap) {
+    renderBands(snap);
+    renderGpu(snap);
+    renderSettings(snap);
+    renderWaiting(snap);
+    renderDecisions(snap);
+    if (snap.type === "snapshot") {
+      for (var i = 0; i < 7; i++) data[i].length = 0;
+    }
+    addSamples(snap.samples || []);
+    renderCharts();
+    document.body.dataset.updated = String(snap.at);
+  }
+
+  // Render at most once per animation frame, whatever arrives meanwhile.
+  var pending = null;
+  function schedule(snap) {
+    if (pending && snap.type !== "snapshot" && pending.type === "snapshot") {
+      snap.type = "snapshot"; // keep the reset of a full snapshot
+      snap.samples = pending.samples.concat(snap.samples || []);
+    }
+    var first = pending === null;
+    pending = snap;
+    if (first) {
+      requestAnimationFrame(function () { var s = pending; pending = null; apply(s); });
+    }
+  }
+
+  // -- the websocket --------------------------------------------------------------------
+
+  var conn = $("#conn");
+  var lost = $("#lost");
+  var delay = 500;
+
+  function status(kind, text) {
+    conn.className = "conn conn-" + kind;
+    conn.textContent = text;
+    document.body.dataset.connection = kind;
+  }
+
+  function connect() {
+    var proto = location.protocol === "https:" ? "wss://" : "ws://";
+    var ws = new WebSocket(proto + location.host + "/ws/dashboard/");
+    ws.onopen = function () {
+      delay = 500;
+      lost.hidden = true;
+      status("live", "live");
+    };
+    ws.onmessage = function (event) { schedule(JSON.parse(event.data)); };
+    ws.onclose = function () {
+      status("lost", "reconnecting…");
+      lost.hidden = false;
+      setTimeout(connect, delay);
+      delay = Math.min(delay * 2, 5000);
+    };
+  }
+
+  function start() {
+    var initial = JSON.parse($("#initial-snapshot").textContent);
+    addSamples(initial.samples || []);
+    charts = [
+      makeChart($("#chart-depth"), 1, "requests"),
+      makeChart($("#chart-wait"), 4, "seconds"),
+    ];
+    window.addEventListener("resize", function () {
+      charts.forEach(function (c) { c.chart.setSize({ width: Math.max(200, c.el.clientWidth), height: 180 }); });
+    });
+    if (initial.offline) {
+      status("lost", "scheduler not running");
+    }
+    connect();
+  }
+
+  start();
+})();

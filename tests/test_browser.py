@@ -1,0 +1,215 @@
+"""The dashboard in a real browser: Debian's chromium driven by Playwright, the real server.
+
+Open the dashboard, send requests with different priorities through the proxy, watch the
+queue and the decisions change live (no reload), open a request's page; log into the admin,
+set swapAffinityBonus to 0 and see the next dispatch follow it. Screenshots are saved in
+test-artifacts/ (gitignored). The browser is /usr/bin/chromium (`make test` installs
+Debian's package when it is missing); Playwright never downloads one.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server import ROOT, chat, fake_model, free_port_block, serve
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "test-artifacts"
+ADMIN_PASSWORD = "browser-test-pw"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+pytestmark = [
+    pytest.mark.timeout(90),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM), reason="needs Debian's chromium (make test installs it)"
+    ),
+]
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def _send(url: str, model: str, priority: str, delay: float) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json=chat(model, fake_delay=delay),
+        headers={"X-LlamaSwap-Priority": priority},
+        timeout=30,
+    )
+
+
+def _rows(page, tbody: str) -> list[str]:
+    return page.eval_on_selector_all(f"{tbody} tr", "rows => rows.map(r => r.innerText)")
+
+
+def _wait_record(url: str, request_id: str, timeout: float = 10) -> None:
+    """The activity log is written in the background: wait until the request is in it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if httpx.get(f"{url}/api/requests/{request_id}", timeout=5).status_code == 200:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"request {request_id} never recorded")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp: Path = tmp_path_factory.mktemp("browser")
+    port = free_port_block(2)
+    models = {
+        "alpha": fake_model(port, load_seconds=0.2),
+        "beta": fake_model(port + 1, load_seconds=0.2),
+    }
+    with serve(tmp, models, migrate=True) as srv:
+        env = {
+            **os.environ,
+            "DATABASE_URL": srv.database_url,
+            "LLAMASWAP_ADMIN_PASSWORD": ADMIN_PASSWORD,
+        }
+        subprocess.run(
+            [sys.executable, "manage.py", "ensure_admin"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            timeout=30,
+            capture_output=True,
+        )
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def test_dashboard_live_request_page_and_admin_edit(server, browser):
+    ARTIFACTS.mkdir(exist_ok=True)
+    url = server.url
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    pool = ThreadPoolExecutor(8)
+    try:
+        page.goto(url + "/")
+        page.wait_for_selector("body[data-connection=live]", timeout=5000)
+        page.evaluate("window.__noReload = true")
+
+        # One request holds the GPU; three more queue behind it with different priorities.
+        blocker = pool.submit(_send, url, "alpha", "normal", 2.0)
+        page.wait_for_function(
+            "document.querySelector('#running-rows').innerText.includes('alpha')", timeout=5000
+        )
+        waiting = [
+            pool.submit(_send, url, "beta", "batch", 0.2),
+            pool.submit(_send, url, "alpha", "normal", 0.2),
+            pool.submit(_send, url, "beta", "interactive", 0.2),
+        ]
+        page.wait_for_function(
+            "document.querySelectorAll('#waiting-rows tr:not(.empty)').length === 3", timeout=5000
+        )
+        rows = _rows(page, "#waiting-rows")
+        assert ["interactive" in rows[0], "normal" in rows[1], "batch" in rows[2]] == [
+            True,
+            True,
+            True,
+        ], rows
+        affinity = rows[1].split("\t")[5]  # columns: #, request, model, band, priority, affinity
+        assert affinity == "10", rows[1]  # alpha is loaded: the normal alpha request has the bonus
+        page.screenshot(path=str(ARTIFACTS / "dashboard-queue.png"), full_page=True)
+
+        for future in [blocker, *waiting]:
+            assert future.result(timeout=20).status_code == 200
+        page.wait_for_function(
+            "document.querySelectorAll('#decision-rows tr:not(.empty)').length >= 4"
+            " && document.querySelector('#waiting-rows tr.empty') !== null",
+            timeout=5000,
+        )
+        decisions = _rows(page, "#decision-rows")
+        # newest first: batch went last, interactive right after the blocker
+        assert (
+            "batch" in decisions[0] and "normal" in decisions[1] and "interactive" in decisions[2]
+        ), decisions
+        assert page.evaluate("window.__noReload") is True, "the page reloaded"
+        page.screenshot(path=str(ARTIFACTS / "dashboard-decisions.png"), full_page=True)
+
+        # The batch request's page: it waited behind three jobs.
+        batch_id = waiting[0].result().headers["X-LlamaSwap-Request-Id"]
+        _wait_record(url, batch_id)
+        page.click(f"#decision-rows a[href='/requests/{batch_id}/']")
+        page.wait_for_selector("text=Jobs that went first", timeout=5000)
+        body = page.inner_text("main")
+        assert "waited in the queue" in body and "3 jobs ran before it" in body, body
+        assert "already running when it arrived" in body and "priority" in body
+        page.screenshot(path=str(ARTIFACTS / "request-page.png"), full_page=True)
+
+        # Admin: log in and set swapAffinityBonus to 0.
+        page.goto(url + "/admin/dashboard/schedulersettingsrecord/")
+        page.fill("#id_username", "admin")
+        page.fill("#id_password", ADMIN_PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_selector("#id_swap_affinity_bonus", timeout=5000)
+        page.fill("#id_swap_affinity_bonus", "0")
+        page.click("input[name=_save]")
+        page.wait_for_selector("text=Applied to the running scheduler", timeout=5000)
+        page.screenshot(path=str(ARTIFACTS / "admin-saved.png"), full_page=True)
+
+        # The dashboard shows the new value and where it came from ...
+        page.goto(url + "/")
+        page.wait_for_selector("body[data-connection=live]", timeout=5000)
+        assert page.inner_text("#settings .s-bonus") == "0"
+        assert page.inner_text("#settings .s-source").startswith(
+            "admin edit: swapAffinityBonus by admin"
+        )
+
+        # ... and the next dispatch follows it: with alpha loaded, beta at priority 5 now
+        # beats alpha at 0 (with the old bonus of 10, alpha would have won with 10).
+        blocker = pool.submit(_send, url, "alpha", "normal", 1.5)
+        page.wait_for_function(
+            "document.querySelector('#running-rows').innerText.includes('alpha')", timeout=5000
+        )
+        beta5 = pool.submit(_send, url, "beta", "5", 0.1)
+        page.wait_for_function(
+            "document.querySelectorAll('#waiting-rows tr:not(.empty)').length === 1", timeout=5000
+        )
+        alpha0 = pool.submit(_send, url, "alpha", "0", 0.1)
+        page.wait_for_function(
+            "document.querySelectorAll('#waiting-rows tr:not(.empty)').length === 2", timeout=5000
+        )
+        rows = _rows(page, "#waiting-rows")
+        assert "beta" in rows[0] and "alpha" in rows[1], rows
+        page.screenshot(path=str(ARTIFACTS / "dashboard-after-admin.png"), full_page=True)
+        for future in (blocker, beta5, alpha0):
+            assert future.result(timeout=20).status_code == 200
+        page.wait_for_function(
+            "document.querySelector('#waiting-rows tr.empty') !== null", timeout=5000
+        )
+        page.wait_for_function(
+            "document.querySelector('#decision-rows tr').innerText.includes('alpha')", timeout=5000
+        )
+        decisions = _rows(page, "#decision-rows")
+        assert "alpha" in decisions[0] and "beta" in decisions[1] and "\t5\t" in decisions[1], (
+            decisions[:3]
+        )
+        page.screenshot(path=str(ARTIFACTS / "dashboard-final.png"), full_page=True)
+        assert errors == []
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        page.close()

@@ -1,0 +1,213 @@
+"""Admin-editable scheduler settings: validation, the running dispatcher, the audit trail,
+and the precedence between the config file and admin edits across restarts."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+
+from dashboard.models import SchedulerSettingsRecord, SettingsChange
+from dashboard.settings_store import apply_at_start, apply_at_start_or_config, save_admin_edit
+from scheduler import runtime
+from scheduler.config import Config
+from scheduler.policy import SchedulerSettings
+
+pytestmark = pytest.mark.django_db
+
+CONFIG = SchedulerSettings.create(aging_divisor=60, swap_affinity_bonus=10)
+
+
+def _admin_edit(user: str = "alice", **values) -> None:
+    record = SchedulerSettingsRecord.objects.get()
+    from dashboard.settings_store import record_values
+
+    old = record_values(record)
+    for field, value in values.items():
+        setattr(record, field, value)
+    record.save()
+    save_admin_edit(record, old, user)
+
+
+# -- precedence across restarts ----------------------------------------------------------
+
+
+def test_first_start_stores_the_config_file_values():
+    effective = apply_at_start(CONFIG)
+    assert effective.settings == CONFIG and effective.source == "config file"
+    record = SchedulerSettingsRecord.objects.get()
+    assert record.config_values == {
+        "use": "serial",
+        "agingDivisor": 60,
+        "swapAffinityBonus": 10,
+        "fifoPriority": {},
+    }
+
+
+def test_an_admin_edit_survives_a_restart_with_the_same_config():
+    apply_at_start(CONFIG)
+    _admin_edit(swap_affinity_bonus=30)
+    effective = apply_at_start(CONFIG)
+    assert effective.settings.swap_affinity_bonus == 30
+    assert effective.settings.aging_divisor == 60
+    assert effective.source.startswith("admin edit: swapAffinityBonus by alice at ")
+
+
+def test_a_changed_config_value_wins_over_an_older_admin_edit():
+    apply_at_start(CONFIG)
+    _admin_edit(swap_affinity_bonus=30)
+    effective = apply_at_start(CONFIG.with_changes(swap_affinity_bonus=20))
+    assert effective.settings.swap_affinity_bonus == 20
+    assert effective.source == "config file"
+    change = SettingsChange.objects.filter(source="config file").get()
+    assert (change.field, change.old, change.new, change.who) == (
+        "swapAffinityBonus",
+        30,
+        20,
+        "config file",
+    )
+
+
+def test_precedence_is_per_key():
+    apply_at_start(CONFIG)
+    _admin_edit(swap_affinity_bonus=30, aging_divisor=120)
+    # the config file changes agingDivisor only: that key follows it, the bonus stays edited
+    effective = apply_at_start(CONFIG.with_changes(aging_divisor=90))
+    assert (effective.settings.aging_divisor, effective.settings.swap_affinity_bonus) == (90, 30)
+    assert "swapAffinityBonus" in effective.source and "agingDivisor" not in effective.source
+
+
+def test_keys_never_edited_follow_the_config_file():
+    apply_at_start(CONFIG)
+    effective = apply_at_start(CONFIG.with_changes(aging_divisor=5, fifo_priority={"m": 3}))
+    assert effective.settings.aging_divisor == 5 and dict(effective.settings.fifo_priority) == {
+        "m": 3
+    }
+    assert {c.field for c in SettingsChange.objects.all()} == {"agingDivisor", "fifoPriority"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_tables_the_config_file_is_used(monkeypatch):
+    from django.db import DatabaseError
+
+    def broken(settings):
+        raise DatabaseError("no such table: dashboard_schedulersettingsrecord")
+
+    monkeypatch.setattr("dashboard.settings_store.apply_at_start", broken)
+    effective = apply_at_start_or_config(CONFIG)
+    assert effective.settings == CONFIG and effective.source == "config file"
+
+
+# -- the admin ---------------------------------------------------------------------------
+
+
+class _Dispatcher:
+    def __init__(self) -> None:
+        self.settings = CONFIG
+        self.calls: list[tuple[SchedulerSettings, str]] = []
+
+    def set_settings(self, settings: SchedulerSettings, source: str = "admin") -> None:
+        self.calls.append((settings, source))
+        self.settings = settings
+
+
+@pytest.fixture
+def running():
+    dispatcher = _Dispatcher()
+    runtime.install(
+        runtime.Runtime(config=Config(models={}), dispatcher=dispatcher, upstreams=None)
+    )  # type: ignore[arg-type]
+    yield dispatcher
+    runtime.install(None)
+
+
+@pytest.fixture
+def admin_client(client, django_user_model):
+    django_user_model.objects.create_superuser("alice", "alice@example.com", "pw-alice-123")
+    client.login(username="alice", password="pw-alice-123")
+    return client
+
+
+def _form(**changes) -> dict:
+    data = {
+        "use": "serial",
+        "aging_divisor": "60",
+        "swap_affinity_bonus": "10",
+        "fifo_priority": "{}",
+        "_save": "Save",
+    }
+    data.update(changes)
+    return data
+
+
+def _change_url() -> str:
+    return reverse("admin:dashboard_schedulersettingsrecord_change", args=[1])
+
+
+def test_the_admin_needs_a_login(client):
+    response = client.get(reverse("admin:dashboard_schedulersettingsrecord_changelist"))
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_the_settings_list_goes_to_the_one_row(admin_client, running):
+    response = admin_client.get(reverse("admin:dashboard_schedulersettingsrecord_changelist"))
+    assert response.status_code == 302 and response["Location"] == _change_url()
+    assert SchedulerSettingsRecord.objects.get().swap_affinity_bonus == 10
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("swap_affinity_bonus", "100", "swapAffinityBonus: must be an integer 0..99"),
+        ("swap_affinity_bonus", "-1", "swapAffinityBonus: must be an integer 0..99"),
+        ("aging_divisor", "-5", "agingDivisor: must be a finite number &gt;= 0"),
+        ("fifo_priority", '{"qwen": "high"}', "fifo.priority.qwen: must be an integer"),
+    ],
+)
+def test_invalid_values_are_refused_with_the_config_key(
+    admin_client, running, field, value, message
+):
+    apply_at_start(CONFIG)
+    response = admin_client.post(_change_url(), _form(**{field: value}))
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert running.calls == []
+    assert not SettingsChange.objects.exists()
+
+
+def test_a_saved_change_reaches_the_running_dispatcher_and_is_recorded(admin_client, running):
+    apply_at_start(CONFIG)
+    response = admin_client.post(_change_url(), _form(swap_affinity_bonus="25"))
+    assert response.status_code == 302
+    ((settings, source),) = running.calls
+    assert settings.swap_affinity_bonus == 25 and settings.aging_divisor == 60
+    assert source.startswith("admin edit: swapAffinityBonus by alice at ")
+    change = SettingsChange.objects.get()
+    assert (change.who, change.field, change.old, change.new, change.source) == (
+        "alice",
+        "swapAffinityBonus",
+        10,
+        25,
+        "admin",
+    )
+    record = SchedulerSettingsRecord.objects.get()
+    assert record.updated_by == "alice" and set(record.admin_overrides) == {"swapAffinityBonus"}
+
+
+def test_saving_without_a_change_records_nothing(admin_client, running):
+    apply_at_start(CONFIG)
+    assert admin_client.post(_change_url(), _form()).status_code == 302
+    assert running.calls == [] and not SettingsChange.objects.exists()
+
+
+def test_ensure_admin_creates_the_account_from_the_environment(
+    monkeypatch, django_user_model, capsys
+):
+    monkeypatch.setenv("LLAMASWAP_ADMIN_PASSWORD", "s3cret-pass")
+    monkeypatch.setenv("LLAMASWAP_ADMIN_USER", "ops")
+    call_command("ensure_admin")
+    user = django_user_model.objects.get(username="ops")
+    assert user.is_superuser and user.check_password("s3cret-pass")
+    monkeypatch.delenv("LLAMASWAP_ADMIN_PASSWORD")
+    call_command("ensure_admin")
+    assert "createsuperuser" in capsys.readouterr().out
