@@ -11,6 +11,8 @@ from bench import machine, write_section
 # Add a module here to have `make bench` run it (see bench/__init__.py).
 MODULES = [
     "bench.bench_queue",
+    "bench.bench_dispatch_gap",
+    "bench.bench_proxy",
 ]
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"

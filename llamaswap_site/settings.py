@@ -25,6 +25,11 @@ CSRF_TRUSTED_ORIGINS = [o for o in os.getenv("CSRF_TRUSTED_ORIGINS", "").split("
 # The llama-swap config.yaml; `manage.py serve --config` overrides it.
 LLAMASWAP_CONFIG = os.getenv("LLAMASWAP_CONFIG", "")
 
+# Read-only pages (dashboard, history, request pages) are open unless this is set; the
+# admin and anything that changes state always need a login.
+DASHBOARD_REQUIRE_LOGIN = envbool("DASHBOARD_REQUIRE_LOGIN")
+LOGIN_URL = "/admin/login/"
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -43,6 +48,7 @@ INSTALLED_APPS = [
 # The proxy endpoints bypass this stack (see llamaswap_site/asgi.py): every sync
 # middleware costs a thread hop per request under ASGI.
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",  # pages only: it is sync
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -51,6 +57,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "llamaswap_site.urls"
@@ -79,6 +86,27 @@ DATABASES = {
         conn_max_age=envint("DB_CONN_MAX_AGE", 0),
     )
 }
+
+# django-prometheus' wrappers of the stock backends add its django_db_* metrics; SQLite
+# runs in WAL mode so the activity log's writes never block readers (dashboard, API).
+_PROMETHEUS_ENGINES = {
+    "django.db.backends.sqlite3": "django_prometheus.db.backends.sqlite3",
+    "django.db.backends.postgresql": "django_prometheus.db.backends.postgresql",
+}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    _db.setdefault("OPTIONS", {}).setdefault(
+        "init_command", "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"
+    )
+_db["ENGINE"] = _PROMETHEUS_ENGINES.get(_db["ENGINE"], _db["ENGINE"])
+
+# The activity log (scheduler.recorder): on by default; rows older than the days or
+# beyond the newest rows are pruned in the background (and by `manage.py prune_activity`).
+ACTIVITY_RECORDING = envbool("ACTIVITY_RECORDING", "true")
+ACTIVITY_RETENTION_DAYS = envint("ACTIVITY_RETENTION_DAYS", 30)
+ACTIVITY_RETENTION_ROWS = envint("ACTIVITY_RETENTION_ROWS", 100_000)
+ACTIVITY_BUFFER_ROWS = envint("ACTIVITY_BUFFER_ROWS", 10_000)
+"""Records held in memory while the database is unavailable; beyond it they are dropped."""
 
 REDIS_URL = os.getenv("REDIS_URL", "")
 if REDIS_URL:

@@ -1,6 +1,7 @@
 from django.urls import path, re_path
 
 from proxy import views
+from scheduler.metrics import metrics_view
 
 INFERENCE_PATHS = [
     "v1/chat/completions",
@@ -31,10 +32,11 @@ urlpatterns = [path(p, views.inference) for p in INFERENCE_PATHS] + [
     path("api/queue", views.queue),
     path("logs", views.logs),
     path("logs/stream", views.logs_stream),
+    path("metrics", metrics_view),  # on the event loop: the collector reads the queue
 ]
 
 # Paths served by the lean proxy handler (see llamaswap_site/asgi.py).
 PROXY_EXACT = frozenset(
-    "/" + p for p in INFERENCE_PATHS + ["v1/models", "running", "unload", "health", "logs", "logs/stream", "api/queue"]
+    "/" + p for p in INFERENCE_PATHS + ["v1/models", "running", "unload", "health", "logs", "logs/stream", "api/queue", "metrics"]
 )
 PROXY_PREFIXES = ("/upstream/", "/api/models/unload")

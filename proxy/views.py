@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,7 +33,12 @@ STREAM_TAIL = 4096
 
 
 def _new_request_id() -> str:
-    return uuid.uuid4().hex
+    """``uuid.uuid4().hex`` without building a UUID object (under half the cost): the same
+    32 hex digits with the same version (4) and variant (RFC 4122) bits."""
+    n = int.from_bytes(os.urandom(16), "big")
+    n = (n & ~(0xF000 << 64)) | (4 << 76)
+    n = (n & ~(0xC000 << 48)) | (0x8000 << 48)
+    return f"{n:032x}"
 
 
 # -- inference ---------------------------------------------------------------------------

@@ -102,7 +102,15 @@ def alive(pid: int) -> bool:
 
 
 class Server:
-    def __init__(self, tmp: Path, models: dict, extra: dict | None = None, grace: float = 5):
+    def __init__(
+        self,
+        tmp: Path,
+        models: dict,
+        extra: dict | None = None,
+        grace: float = 5,
+        migrate: bool = False,
+        environ: dict | None = None,
+    ):
         self.port = free_port()
         config = {"healthCheckTimeout": 15, "models": models}
         config.update(extra or {})
@@ -111,8 +119,19 @@ class Server:
         self.log_path = tmp / "server.log"
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ)
-        env.setdefault("DATABASE_URL", f"sqlite:///{tmp / 'db.sqlite3'}")
+        # Each server gets its own SQLite file unless a test says otherwise (environ=).
+        env["DATABASE_URL"] = f"sqlite:///{tmp / 'db.sqlite3'}"
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(environ or {})
+        self.database_url = env["DATABASE_URL"]
+        if migrate:  # the activity log's tables (and the rest), before the server starts
+            subprocess.run(
+                [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+                cwd=ROOT,
+                env=env,
+                check=True,
+                timeout=60,
+            )
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [

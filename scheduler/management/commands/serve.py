@@ -8,6 +8,7 @@ A second signal exits at once (still stopping the model processes).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sys
@@ -55,10 +56,18 @@ class Command(BaseCommand):
             self.stderr.write(f"warning: {warning}")
         host, port = parse_listen(options["listen"])
 
+        # Admin edits of the scheduler settings survive a restart unless the config
+        # file's value for that key changed since the last start (dashboard.settings_store).
+        from dashboard.settings_store import apply_at_start_or_config
+
+        stored = apply_at_start_or_config(config.scheduler)
+        config = dataclasses.replace(config, scheduler=stored.settings)
+
         from scheduler.observers import build_observers
 
         observers = build_observers(config)
         dispatcher = Dispatcher(config, observers=observers)
+        dispatcher.settings_source = stored.source
         upstreams = Upstreams()
         runtime.install(runtime.Runtime(config=config, dispatcher=dispatcher, upstreams=upstreams))
         from llamaswap_site.asgi import application
@@ -71,9 +80,12 @@ class Command(BaseCommand):
                 ports.append(port_obj)
                 super().listen_success(port_obj)
 
+        # Twisted endpoint syntax escapes ':' (IPv6); its default backlog of 50 drops
+        # connections in a burst.
+        interface = host.replace(":", "\\:")
         server = LlamaswapServer(
             application,
-            endpoints=[f"tcp:port={port}:interface={host}"],
+            endpoints=[f"tcp:port={port}:interface={interface}:backlog=1024"],
             signal_handlers=False,
             action_logger=_access_log if options["access_log"] else None,
             verbosity=0,
@@ -90,6 +102,10 @@ class Command(BaseCommand):
             try:
                 await dispatcher.stop(grace=options["grace"])
                 await upstreams.aclose()
+                for obs in observers:  # e.g. the recorder saves what it buffered
+                    stopper = getattr(obs, "stop", None)
+                    if stopper is not None:
+                        await stopper()
             finally:
                 runtime.install(None)
                 reactor.stop()
@@ -113,6 +129,11 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"llamaswap serving {len(config.models)} model(s) from {path} on http://{host}:{port}/ "
                 f"(scheduler: {config.scheduler.use.value})"
+            )
+            self.stdout.write(
+                f"dashboard: http://{host}:{port}/  admin: http://{host}:{port}/admin/ "
+                "(no account yet? `python manage.py createsuperuser`, or set "
+                "LLAMASWAP_ADMIN_PASSWORD for `make run`)"
             )
             self.stdout.flush()
 

@@ -1,0 +1,118 @@
+"""The activity log: one row per inference request that reached the queue.
+
+Written by :mod:`scheduler.recorder` when the request's turn ends (completed, failed,
+cancelled while waiting or while running), read by ``dashboard.api``. A row carries the
+whole story: when it arrived, was picked and finished, and why it was picked (the
+:class:`~scheduler.policy.Decision`), so "why did my request take 20 minutes" has an
+answer after the fact, and the reorder columns make ``agingDivisor`` and
+``swapAffinityBonus`` tunable from data.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class RecordOutcome(models.TextChoices):
+    """How the request's turn ended (mirrors ``scheduler.dispatcher.Outcome``)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED_WAITING = "cancelled_waiting"
+    CANCELLED_RUNNING = "cancelled_running"
+    REJECTED = "rejected"
+
+
+class RequestRecord(models.Model):
+    """One inference request, its scheduling decision and what the upstream reported."""
+
+    request_id = models.CharField(max_length=64, unique=True)
+    """The ``X-LlamaSwap-Request-Id`` value."""
+    model = models.CharField(max_length=255)
+    path = models.CharField(max_length=255)
+    priority = models.BigIntegerField()
+    """The caller's priority (header value; signed 64-bit)."""
+    band = models.CharField(max_length=16)
+    policy = models.CharField(max_length=8)
+    """``serial`` or ``fifo``: the scheduler that ordered it."""
+
+    arrived_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    """When it was picked (null: never dispatched)."""
+    ready_at = models.DateTimeField(null=True, blank=True)
+    """When its model was ready and the request was sent upstream."""
+    finished_at = models.DateTimeField()
+
+    outcome = models.CharField(max_length=24, choices=RecordOutcome.choices)
+    status = models.IntegerField(null=True, blank=True)
+    """The HTTP status relayed (or the error status llamaswap answered with)."""
+    error = models.TextField(blank=True, default="")
+    duration_ms = models.FloatField()
+    """Arrival to finish: the whole time the caller waited, streams included."""
+    queue_wait_ms = models.FloatField(null=True, blank=True)
+    """Arrival to the pick, not counting a model load (that is ``load_ms``)."""
+    load_ms = models.FloatField(null=True, blank=True)
+    """How long the model load this request waited for took (null: no swap)."""
+    run_ms = models.FloatField(null=True, blank=True)
+    """Ready to finish: the upstream's time."""
+
+    # The decision (null when never dispatched).
+    score = models.FloatField(null=True, blank=True)
+    affinity = models.FloatField(null=True, blank=True)
+    aging = models.FloatField(null=True, blank=True)
+    reordered_by = models.JSONField(default=list, blank=True)
+    """Terms that changed the pick: ``["aging"]``, ``["swap_affinity"]``, both or none."""
+    runner_up_id = models.CharField(max_length=64, blank=True, default="")
+    runner_up_score = models.FloatField(null=True, blank=True)
+    needs_swap = models.BooleanField(null=True, blank=True)
+    fifo_priority = models.BigIntegerField(null=True, blank=True)
+    """Under fifo: model priority + header priority, the value it queued at."""
+    waiting_after = models.IntegerField(null=True, blank=True)
+    """Requests still waiting right after this pick."""
+    aging_divisor = models.FloatField(null=True, blank=True)
+    swap_affinity_bonus = models.IntegerField(null=True, blank=True)
+
+    # What the upstream reported (usage / llama.cpp timings), streaming included.
+    prompt_tokens = models.IntegerField(null=True, blank=True)
+    completion_tokens = models.IntegerField(null=True, blank=True)
+    cached_tokens = models.IntegerField(null=True, blank=True)
+    prompt_per_second = models.FloatField(null=True, blank=True)
+    tokens_per_second = models.FloatField(null=True, blank=True)
+    usage = models.JSONField(null=True, blank=True)
+    timings = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-arrived_at", "-id")
+        indexes = (
+            models.Index(fields=("arrived_at",), name="record_arrived"),
+            models.Index(fields=("dispatched_at",), name="record_dispatched"),
+            models.Index(fields=("model", "arrived_at"), name="record_model_arrived"),
+            models.Index(fields=("band", "arrived_at"), name="record_band_arrived"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.model} {self.outcome}"
+
+    @property
+    def dispatched(self) -> bool:
+        return self.dispatched_at is not None
+
+    def metadata(self) -> dict[str, object]:
+        """The spec's activity-log keys ("Observability"), with their exact names and types.
+
+        Serial: ``serial_priority`` (int), ``serial_band`` (str), and once dispatched
+        ``serial_score`` (number) and ``serial_queue_wait_ms`` (number). Fifo:
+        ``fifo_priority`` (int) on every dispatched row.
+        """
+        if self.policy == "fifo":
+            if self.fifo_priority is None:
+                return {}
+            return {"fifo_priority": int(self.fifo_priority)}
+        meta: dict[str, object] = {
+            "serial_priority": int(self.priority),
+            "serial_band": str(self.band),
+        }
+        if self.score is not None:
+            meta["serial_score"] = float(self.score)
+            meta["serial_queue_wait_ms"] = float(self.queue_wait_ms or 0.0)
+        return meta
