@@ -209,6 +209,9 @@ class Dispatcher:
         self._task: asyncio.Task[None] | None = None
         self._preload_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Task[None] | None = None
+        self._hurry = asyncio.Event()
+        self._unloading: set[asyncio.Task[None]] = set()
         self._closing = False
         self._ids = itertools.count(1)
         # Model state, owned by the run task.
@@ -346,12 +349,27 @@ class Dispatcher:
 
     async def stop(self, grace: float = 30.0) -> None:
         """Refuse new work, fail what waits, let running requests finish for up to
-        ``grace`` seconds, then stop every model process."""
+        ``grace`` seconds, then stop every model process.
+
+        Calling it again while it runs (a second SIGINT) with ``grace=0`` cuts the grace
+        period short; either call returns once everything is stopped.
+        """
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_task(self._stop(grace))
+        elif grace <= 0:
+            self._hurry.set()
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, grace: float) -> None:
         self._closing = True
         self._inbox.put_nowait(_Drain())
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
-                await self._idle.wait()
+        if self._preload_task is not None:
+            self._preload_task.cancel()
+        idle = asyncio.ensure_future(self._idle.wait())
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        await asyncio.wait((idle, hurry), timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        idle.cancel()
+        hurry.cancel()
         if self._task is not None:
             self._inbox.put_nowait(_Stop())
             with contextlib.suppress(asyncio.CancelledError):
@@ -364,6 +382,9 @@ class Dispatcher:
         if self._process is not None:
             await self._process.stop()
             self._process = None
+        for task in list(self._unloading):
+            with contextlib.suppress(BaseException):
+                await task
 
     def _on_drain(self) -> None:
         """Shutdown: every waiting request fails at once with 503."""
@@ -649,7 +670,9 @@ class Dispatcher:
                 if not event.done.done():
                     event.done.set_result(None)
 
-        asyncio.get_running_loop().create_task(stop(), name=f"unload-{proc.config.id}")
+        task = asyncio.get_running_loop().create_task(stop(), name=f"unload-{proc.config.id}")
+        self._unloading.add(task)
+        task.add_done_callback(self._unloading.discard)
 
     # -- ttl ----------------------------------------------------------------------------
 

@@ -269,6 +269,19 @@ async def test_shutdown_fails_waiting_requests_and_stops_models(world):
         await granted(late)
 
 
+async def test_a_second_stop_without_grace_cuts_the_grace_short(world):
+    d, factory, rec = await world("m")
+    running = submit(d, "m", 0, "running")
+    await granted(running)
+    patient = asyncio.create_task(d.stop(grace=60))
+    await settle()
+    assert not patient.done()
+    async with asyncio.timeout(2):
+        await d.stop(grace=0)  # the second SIGINT
+        await patient
+    assert factory.journal[-1] == ("stopped", "m")
+
+
 async def test_observers_see_enqueue_dispatch_finish_with_the_decision(world):
     d, factory, rec = await world("m")
     t = submit(d, "m", 7, "r1")

@@ -108,7 +108,8 @@ class Command(BaseCommand):
                         await stopper()
             finally:
                 runtime.install(None)
-                reactor.stop()
+                if reactor.running:
+                    reactor.stop()
 
         def on_signal(signum: int) -> None:
             nonlocal stopping
@@ -148,7 +149,8 @@ async def _hard_stop(dispatcher) -> None:
     from twisted.internet import reactor
 
     await dispatcher.stop(grace=0)
-    reactor.stop()
+    if reactor.running:
+        reactor.stop()
 
 
 def _access_log(protocol: str, action: str, details: dict) -> None:
