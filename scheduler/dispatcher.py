@@ -518,7 +518,7 @@ class Dispatcher:
         if was is TicketState.LOADING and not ticket.granted.done():
             ticket.granted.cancel()
         if not ticket.extra.get("preload"):
-            log.info("finished", extra={**self._fields(ticket), "outcome": ticket.outcome.value if ticket.outcome else None})
+            log.debug("finished", extra={**self._fields(ticket), "outcome": ticket.outcome.value if ticket.outcome else None})
             self._notify("on_finish", ticket)
         self._schedule_ttl()
 

@@ -328,6 +328,8 @@ class WaitingQueue:
         loaded = self._loaded
         if not self._bonus or loaded is None or loaded not in model_lists:
             return (item[2] for item in global_list)
+        # Merge per-model lists (few) rather than filter the global one, so the first k
+        # entries cost O(k log models) however many wait for the loaded model.
         boosted = ((self._boosted(e, aged), seq, e) for _, seq, e in model_lists[loaded])
-        others = (item for item in global_list if item[2].request.model != loaded)
-        return (item[2] for item in heapq.merge(boosted, others, key=lambda i: i[:2]))
+        others = [iter(lst) for model, lst in model_lists.items() if model != loaded]
+        return (item[2] for item in heapq.merge(boosted, *others, key=lambda i: i[:2]))

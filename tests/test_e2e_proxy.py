@@ -286,6 +286,24 @@ def test_model_that_exits_at_start_fails_with_503_naming_it(tmp_path):
         assert httpx.post(server.url + "/v1/chat/completions", json=chat("broken"), timeout=20).status_code == 503
 
 
+def test_a_model_that_does_not_answer_is_a_502_and_the_server_goes_on(tmp_path):
+    dead_port = free_port_block(2)
+    silent = {
+        # Runs, but nothing listens where the proxy points; no health check to catch it.
+        "cmd": f"{sys.executable} -c 'import time; time.sleep(60)'",
+        "proxy": f"http://127.0.0.1:{dead_port}",
+        "checkEndpoint": "none",
+    }
+    with serve(tmp_path, {"silent": silent, "ok": fake_model(dead_port + 1)}) as server:
+        r = httpx.post(server.url + "/v1/chat/completions", json=chat("silent"), timeout=20)
+        assert r.status_code == 502
+        error = r.json()["error"]
+        assert error["type"] == "server_error" and error["code"] == "upstream_unavailable"
+        assert "silent" in error["message"]
+        assert r.headers["X-LlamaSwap-Request-Id"]
+        assert httpx.post(server.url + "/v1/chat/completions", json=chat("ok"), timeout=20).status_code == 200
+
+
 def test_health_check_timeout_fails_with_503(tmp_path):
     port = free_port_block(1)
     never = fake_model(port, load_seconds=600)
