@@ -79,6 +79,7 @@ async def inference(request: HttpRequest) -> HttpResponse:
         )
     if data is not None:
         body = _rewrite(data, body, model)
+        data = None  # not kept alive while the request waits for its turn
     return await _relay(request, model, request_id, request.path, body)
 
 
