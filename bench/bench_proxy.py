@@ -43,6 +43,7 @@ from pathlib import Path
 import yaml
 
 from bench import machine, markdown_table, quantile_us
+from tests.server import descendants, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -102,12 +103,6 @@ def raise_nofile(want: int = 65_536) -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def proc_status(pid: int) -> dict[str, str]:
     out = {}
     with open(f"/proc/{pid}/status") as f:
@@ -129,26 +124,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out: set[int] = set()
-    stack = [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            out.add(child)
-            stack.append(child)
-    return out
 
 
 class Server:

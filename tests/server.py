@@ -177,15 +177,27 @@ class Server:
     def queue(self) -> dict:
         return httpx.get(self.url + "/api/queue", timeout=5).json()
 
-    def wait_queue(self, depth: int, timeout: float = 10) -> dict:
-        """Poll /api/queue until ``depth`` requests wait."""
+    def wait_for(self, what: str, check, timeout: float = 20) -> dict:
+        """Poll /api/queue until ``check(state)`` holds; return that state."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = self.queue()
-            if state["depth"] >= depth:
+            if check(state):
                 return state
             time.sleep(0.02)
-        raise AssertionError(f"queue never reached {depth}: {self.queue()}")
+        raise AssertionError(f"{what} never happened: {self.queue()}")
+
+    def wait_queue(self, depth: int, timeout: float = 10) -> dict:
+        """Until at least ``depth`` requests wait."""
+        return self.wait_for(f"depth >= {depth}", lambda s: s["depth"] >= depth, timeout)
+
+    def wait_depth(self, depth: int, timeout: float = 10) -> dict:
+        """Until exactly ``depth`` requests wait."""
+        return self.wait_for(f"depth == {depth}", lambda s: s["depth"] == depth, timeout)
+
+    def wait_running(self, count: int = 1, timeout: float = 20) -> dict:
+        """Until at least ``count`` requests are in flight."""
+        return self.wait_for(f"{count} running", lambda s: len(s["running"]) >= count, timeout)
 
     def stop(self) -> None:
         self.children()

@@ -75,24 +75,6 @@ async def post(client, server, body, priority=None):
     return await client.post(server.url + "/v1/chat/completions", json=body, headers=headers)
 
 
-def wait_running(server, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.queue()["running"]:
-            return
-        time.sleep(0.02)
-    raise AssertionError("nothing ever ran")
-
-
-def wait_depth(server, depth: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.queue()["depth"] == depth:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"queue depth never {depth}")
-
-
 def tag(record: dict) -> str:
     return record["body"]["messages"][0]["content"]
 
@@ -124,7 +106,7 @@ def test_metrics_and_activity_after_known_traffic(tmp_path):
                 blocker = asyncio.create_task(
                     post(client, server, chat("a", "blocker-1", fake_delay=1.0))
                 )
-                await asyncio.to_thread(wait_running, server)
+                await asyncio.to_thread(server.wait_running)
                 first_b = asyncio.create_task(post(client, server, chat("b", "b-first")))
                 await asyncio.to_thread(server.wait_queue, 1)
                 then_a = asyncio.create_task(post(client, server, chat("a", "a-then")))
@@ -134,7 +116,7 @@ def test_metrics_and_activity_after_known_traffic(tmp_path):
                 blocker = asyncio.create_task(
                     post(client, server, chat("a", "blocker-2", fake_delay=1.6), "interactive")
                 )
-                await asyncio.to_thread(wait_running, server)
+                await asyncio.to_thread(server.wait_running)
                 batch = asyncio.create_task(post(client, server, chat("a", "batch-old"), "batch"))
                 await asyncio.to_thread(server.wait_queue, 1)
                 await asyncio.sleep(0.7)
@@ -263,12 +245,12 @@ def test_cancelled_while_waiting_is_recorded(tmp_path):
                 blocker = asyncio.create_task(
                     post(client, server, chat("m", "blocker", fake_delay=1.0))
                 )
-                await asyncio.to_thread(wait_running, server)
+                await asyncio.to_thread(server.wait_running)
                 async with httpx.AsyncClient(timeout=30) as leaver:
                     gone = asyncio.create_task(post(leaver, server, chat("m", "gone"), "batch"))
                     await asyncio.to_thread(server.wait_queue, 1)
                     gone.cancel()
-                await asyncio.to_thread(wait_depth, server, 0)
+                await asyncio.to_thread(server.wait_depth, 0)
                 return await blocker
 
         assert asyncio.run(scenario()).status_code == 200

@@ -27,7 +27,7 @@ async def run_behind_blocker(server, blocker: dict, queued: list[tuple[dict, str
     """Send ``blocker``, then every queued request once the blocker runs; wait for all."""
     async with httpx.AsyncClient(timeout=30) as client:
         first = asyncio.create_task(post(client, server.url, blocker))
-        await asyncio.to_thread(_wait_running, server)
+        await asyncio.to_thread(server.wait_running)
         tasks = []
         for body, priority in queued:
             tasks.append(asyncio.create_task(post(client, server.url, body, priority)))
@@ -36,17 +36,6 @@ async def run_behind_blocker(server, blocker: dict, queued: list[tuple[dict, str
         responses = await asyncio.gather(first, *tasks)
     assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
     return responses
-
-
-def _wait_running(server, timeout: float = 20) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.queue()["running"]:
-            return
-        time.sleep(0.02)
-    raise AssertionError("blocker never ran")
 
 
 def received_tags(port: int) -> list[str]:
@@ -128,7 +117,7 @@ def test_aging_lets_old_batch_work_overtake_normal(tmp_path):
                 blocker = asyncio.create_task(
                     post(client, server.url, chat("m", "blocker", fake_delay=1.2))
                 )
-                await asyncio.to_thread(_wait_running, server)
+                await asyncio.to_thread(server.wait_running)
                 old = asyncio.create_task(post(client, server.url, chat("m", "old-batch"), "batch"))
                 await asyncio.to_thread(server.wait_queue, 1)
                 # 100 points of aging at 0.005 s each is 0.5 s: wait well past it.
@@ -179,7 +168,7 @@ def test_fifo_serves_the_ready_model_at_once_up_to_its_concurrency_limit(tmp_pat
                     asyncio.create_task(post(client, server.url, chat("m", f"s{i}", fake_delay=1.0)))
                     for i in range(2)
                 ]
-                await asyncio.to_thread(_wait_running_count, server, 2)
+                await asyncio.to_thread(server.wait_running, 2)
                 third = await post(client, server.url, chat("m", "third"))
                 return warm, await asyncio.gather(*slow), third
 
@@ -189,17 +178,6 @@ def test_fifo_serves_the_ready_model_at_once_up_to_its_concurrency_limit(tmp_pat
         assert third.status_code == 429
         assert third.headers["Retry-After"] == "1"
         assert third.json()["error"]["type"] == "rate_limit_error"
-
-
-def _wait_running_count(server, count: int, timeout: float = 20) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len(server.queue()["running"]) >= count:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"never {count} running")
 
 
 def tags(records: list[dict]) -> list[str]:

@@ -215,7 +215,7 @@ def test_disconnect_while_queued_is_never_dispatched(tmp_path):
                 blocker = asyncio.create_task(
                     client.post(server.url + "/v1/chat/completions", json=chat("m", "blocker", fake_delay=1.5))
                 )
-                await asyncio.to_thread(_wait_running, server)
+                await asyncio.to_thread(server.wait_running)
                 async with httpx.AsyncClient(timeout=30) as leaver:
                     gone = asyncio.create_task(
                         leaver.post(server.url + "/v1/chat/completions", json=chat("m", "gone"))
@@ -223,7 +223,7 @@ def test_disconnect_while_queued_is_never_dispatched(tmp_path):
                     await asyncio.to_thread(server.wait_queue, 1)
                     gone.cancel()
                 # The queue forgets it as soon as the connection closes.
-                await asyncio.to_thread(_wait_depth, server, 0)
+                await asyncio.to_thread(server.wait_depth, 0)
                 after = await client.post(server.url + "/v1/chat/completions", json=chat("m", "after"))
                 return await blocker, after
 
@@ -344,7 +344,7 @@ def test_sigterm_lets_the_running_request_finish_then_stops_models(tmp_path):
                 running = asyncio.create_task(
                     client.post(server.url + "/v1/chat/completions", json=chat("m", fake_delay=1.0))
                 )
-                await asyncio.to_thread(_wait_running, server)
+                await asyncio.to_thread(server.wait_running)
                 models = server.children()
                 os.killpg(server.proc.pid, signal.SIGTERM)
                 return await running, models
@@ -355,21 +355,3 @@ def test_sigterm_lets_the_running_request_finish_then_stops_models(tmp_path):
         assert not [p for p in models if alive(p)]
     finally:
         server.stop()
-
-
-def _wait_running(server, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.queue()["running"]:
-            return
-        time.sleep(0.02)
-    raise AssertionError("nothing ever ran")
-
-
-def _wait_depth(server, depth: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.queue()["depth"] == depth:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"queue depth never {depth}")
