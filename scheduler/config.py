@@ -18,7 +18,15 @@ The semantics are llama-swap's (its ``internal/config`` and ``config.example.yam
 * Any ``${name}`` left after expansion is an error naming its key.
 
 Keys llamaswap does not implement (``peers``, ``groups``, ``apiKeys``, ...) are ignored,
-with one line each in :attr:`Config.warnings`.
+with one line each in :attr:`Config.warnings`; so are unknown keys inside the sections read.
+
+Extensions of llama-swap's format (it has none of these):
+
+* ``models.<id>.timeouts.idle``: seconds without a byte from the model during a request
+  before it is checked (the other ``timeouts`` keys are llama-swap's own, per model only).
+* ``limits``: what a client may send (:class:`RequestLimits`).
+* ``maxQueueDepth`` and ``maxWait`` under ``routing.scheduler.settings.serial`` and
+  ``.fifo`` (:class:`QueueBounds`).
 """
 
 from __future__ import annotations
@@ -41,9 +49,11 @@ from scheduler.policy import (
     DEFAULT_SWAP_AFFINITY_BONUS,
     KEY_FIFO,
     SETTINGS_PREFIX,
+    Policy,
     SchedulerSettings,
     SettingsError,
 )
+from scheduler.priority import BANDS
 
 DEFAULT_HEALTH_CHECK_TIMEOUT = 120
 MIN_HEALTH_CHECK_TIMEOUT = 15
@@ -78,6 +88,7 @@ _TOP_LEVEL_KEYS = frozenset(
         "models",
         "hooks",
         "routing",
+        "limits",
     }
 )
 _IGNORED_TOP_LEVEL = {
@@ -117,17 +128,34 @@ _MODEL_KEYS = frozenset(
         "metadata",
         "filters",
         "macros",
+        "timeouts",
     }
 )
 _IGNORED_MODEL_KEYS = {
     "sendLoadingState": "not supported",
-    "timeouts": "not supported; httpx defaults apply",
     "compat": "not supported",
     "capabilities": "not supported",
     "healthCheckTimeout": "per-model value is not supported; the global one applies",
 }
 _FILTER_KEYS = frozenset({"stripParams", "strip_params", "setParams"})
 _SCHEDULER_KEYS = frozenset({"use", "settings"})
+_TIMEOUT_KEYS = {  # config key -> ModelTimeouts field
+    "connect": "connect",
+    "keepalive": "keepalive",
+    "responseHeader": "response_header",
+    "tlsHandshake": "tls_handshake",
+    "expectContinue": "expect_continue",
+    "idleConn": "idle_conn",
+    "idle": "idle",
+}
+_LIMIT_KEYS = {  # config key -> RequestLimits field; maxBodyBytes is an int, the rest seconds
+    "maxBodyBytes": "max_body_bytes",
+    "headerTimeout": "header_timeout",
+    "bodyTimeout": "body_timeout",
+    "bodyIdleTimeout": "body_idle_timeout",
+}
+_BOUND_KEYS = frozenset({"maxQueueDepth", "maxWait"})
+"""Accepted under both ``routing.scheduler.settings.serial`` and ``.fifo``."""
 
 
 class ConfigError(ValueError):
@@ -137,6 +165,51 @@ class ConfigError(ValueError):
         self.key = key
         self.message = message
         super().__init__(f"{key}: {message}")
+
+
+@dataclass(frozen=True)
+class ModelTimeouts:
+    """``models.<id>.timeouts``, in seconds; 0 disables one.
+
+    All but ``idle`` are llama-swap's reverse-proxy transport timeouts, with its defaults.
+    """
+
+    connect: float = 30
+    keepalive: float = 30
+    response_header: float = 0
+    """Seconds for the model's response headers once the request is sent; 0: no limit."""
+    tls_handshake: float = 10
+    expect_continue: float = 1
+    idle_conn: float = 90
+    """Seconds an idle keep-alive connection to the model is kept."""
+    idle: float = 300
+    """Our extension: seconds without a byte from the model during a request, after which
+    the model is checked."""
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """``limits`` (our extension): what a client may send. Timeouts in seconds; 0 disables."""
+
+    max_body_bytes: int = 256 * 1024 * 1024
+    """``maxBodyBytes``: the largest request body accepted."""
+    header_timeout: float = 30
+    """``headerTimeout``: seconds to send the request line and headers."""
+    body_timeout: float = 300
+    """``bodyTimeout``: seconds to send the whole body once the headers arrived."""
+    body_idle_timeout: float = 60
+    """``bodyIdleTimeout``: seconds without a body byte."""
+
+
+@dataclass(frozen=True)
+class QueueBounds:
+    """``maxQueueDepth`` and ``maxWait`` from ``routing.scheduler.settings.serial``/``.fifo``."""
+
+    max_queue_depth: int | None = None
+    """Most requests waiting at once; None is unbounded."""
+    max_wait: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Band value (``interactive``, ``normal``, ``batch``) -> most seconds a request of that
+    band may wait; a band not in it waits unbounded."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +240,7 @@ class ModelConfig:
     metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     strip_params: tuple[str, ...] = ()
     set_params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    timeouts: ModelTimeouts = field(default_factory=ModelTimeouts)
 
 
 @dataclass(frozen=True)
@@ -175,6 +249,8 @@ class Config:
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """alias -> model id."""
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    bounds: QueueBounds = field(default_factory=QueueBounds)
+    limits: RequestLimits = field(default_factory=RequestLimits)
     health_check_timeout: float = 120
     start_port: int = 5800
     global_ttl: int = 0
@@ -297,11 +373,14 @@ def parse_config(
         for model_id, model in prepared.items()
     }
     aliases = _alias_map(models)
+    scheduler = _scheduler_settings(top.get("routing"), models, aliases, warnings)
 
     return Config(
         models=MappingProxyType(models),
         aliases=MappingProxyType(aliases),
-        scheduler=_scheduler_settings(top.get("routing"), models, aliases, warnings),
+        scheduler=scheduler,
+        bounds=_queue_bounds(top.get("routing"), scheduler.use),
+        limits=_request_limits(top.get("limits"), warnings),
         health_check_timeout=health_check_timeout,
         start_port=start_port,
         global_ttl=global_ttl,
@@ -629,7 +708,20 @@ def _build_model(
         metadata=MappingProxyType(dict(_mapping(model.get("metadata"), f"{key}.metadata"))),
         strip_params=strip_params,
         set_params=MappingProxyType(set_params),
+        timeouts=_model_timeouts(model.get("timeouts"), f"{key}.timeouts", warnings),
     )
+
+
+def _model_timeouts(value: Any, key: str, warnings: list[str]) -> ModelTimeouts:
+    """``timeouts``: llama-swap's transport timeouts plus ``idle``; each a number >= 0."""
+    timeouts = _mapping(value, key)
+    _warn_unknown(timeouts, key, set(_TIMEOUT_KEYS), warnings)
+    values = {
+        name: _number(timeouts[setting], f"{key}.{setting}")
+        for setting, name in _TIMEOUT_KEYS.items()
+        if timeouts.get(setting) is not None
+    }
+    return ModelTimeouts(**values)
 
 
 def _command(value: Any, key: str) -> tuple[str, ...]:
@@ -735,10 +827,10 @@ def _scheduler_settings(
     _warn_unknown(settings, f"{SETTINGS_PREFIX}.settings", {"serial", "fifo"}, warnings)
     serial_key = f"{SETTINGS_PREFIX}.settings.serial"
     serial = _mapping(settings.get("serial"), serial_key)
-    _warn_unknown(serial, serial_key, {"agingDivisor", "swapAffinityBonus"}, warnings)
+    _warn_unknown(serial, serial_key, {"agingDivisor", "swapAffinityBonus", *_BOUND_KEYS}, warnings)
     fifo_key = f"{SETTINGS_PREFIX}.settings.fifo"
     fifo = _mapping(settings.get("fifo"), fifo_key)
-    _warn_unknown(fifo, fifo_key, {"priority"}, warnings)
+    _warn_unknown(fifo, fifo_key, {"priority", *_BOUND_KEYS}, warnings)
 
     values: dict[str, Any] = {
         "use": _default(scheduler.get("use"), "serial"),
@@ -769,6 +861,52 @@ def _scheduler_settings(
         priorities[model_id] = priority
         named_by[model_id] = name
     return checked.with_changes(fifo_priority=priorities)
+
+
+def _queue_bounds(value: Any, use: Policy) -> QueueBounds:
+    """``maxQueueDepth`` and ``maxWait`` from the serial and fifo sections.
+
+    Both sections are checked. Each setting (``maxQueueDepth``, and each band of
+    ``maxWait``) is taken from the section named by ``use`` if it sets it, else from the
+    other one. Called after :func:`_scheduler_settings`, which checked the section shapes
+    and warned about unknown keys.
+    """
+    settings = _mapping(_mapping(value, "routing").get("scheduler"), SETTINGS_PREFIX)
+    settings = _mapping(settings.get("settings"), f"{SETTINGS_PREFIX}.settings")
+    depth: int | None = None
+    waits: dict[str, float] = {}
+    # The section in use is read last, so its values win.
+    for policy in [*(p for p in Policy if p is not use), use]:
+        key = f"{SETTINGS_PREFIX}.settings.{policy.value}"
+        section = _mapping(settings.get(policy.value), key)
+        if section.get("maxQueueDepth") is not None:
+            depth = _int(section["maxQueueDepth"], f"{key}.maxQueueDepth", 1)
+        max_wait = _mapping(section.get("maxWait"), f"{key}.maxWait")
+        for raw_band, seconds in max_wait.items():
+            band = str(raw_band)
+            band_key = f"{key}.maxWait.{band}"
+            if band not in BANDS:
+                names = ", ".join(BANDS)
+                raise ConfigError(band_key, f"unknown band {band!r} (use one of {names})")
+            if seconds is not None:
+                waits[band] = _positive(seconds, band_key)
+    ordered = {band.value: waits[band] for band in BANDS if band in waits}
+    return QueueBounds(max_queue_depth=depth, max_wait=MappingProxyType(ordered))
+
+
+def _request_limits(value: Any, warnings: list[str]) -> RequestLimits:
+    """``limits``: ``maxBodyBytes`` >= 1, and the client timeouts >= 0 (0 disables one)."""
+    limits = _mapping(value, "limits")
+    _warn_unknown(limits, "limits", set(_LIMIT_KEYS), warnings)
+    values: dict[str, Any] = {}
+    for setting, name in _LIMIT_KEYS.items():
+        if limits.get(setting) is None:
+            continue
+        if setting == "maxBodyBytes":
+            values[name] = _int(limits[setting], f"limits.{setting}", 1)
+        else:
+            values[name] = _number(limits[setting], f"limits.{setting}")
+    return RequestLimits(**values)
 
 
 def _warn_unknown(
@@ -812,6 +950,14 @@ def _number(value: Any, key: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise ConfigError(key, f"must be a finite number >= 0, got {value}")
     return value
+
+
+def _positive(value: Any, key: str) -> float:
+    """A number of seconds > 0."""
+    seconds = _number(value, key)
+    if seconds == 0:
+        raise ConfigError(key, "must be > 0 (leave it out for no limit), got 0")
+    return seconds
 
 
 def _string(value: Any, key: str) -> str:

@@ -17,6 +17,9 @@ from scheduler.config import (
     Config,
     ConfigError,
     ModelConfig,
+    ModelTimeouts,
+    QueueBounds,
+    RequestLimits,
     load_config,
     parse_config,
     split_command,
@@ -70,6 +73,8 @@ def error_of(text: str, environ: dict[str, str] | None = None) -> ConfigError:
         ("warnings", ()),  # a plain config says nothing
         ("aliases", {}),
         ("scheduler", SchedulerSettings()),  # serial, agingDivisor 60, swapAffinityBonus 10
+        ("bounds", QueueBounds()),  # no queue bound
+        ("limits", RequestLimits()),
     ],
 )
 def test_global_defaults(attribute: str, expected: Any) -> None:
@@ -96,6 +101,7 @@ def test_global_defaults(attribute: str, expected: Any) -> None:
         ("metadata", {}),
         ("strip_params", ()),
         ("set_params", {}),
+        ("timeouts", ModelTimeouts()),
     ],
 )
 def test_model_defaults(attribute: str, expected: Any) -> None:
@@ -543,7 +549,6 @@ def test_error_message_shows_key_and_value() -> None:
         # A key llama-swap does not know either.
         (with_model("", "frobnicate: 1"), "frobnicate: unknown key"),
         # Per model: known to llama-swap but not implemented, or unknown.
-        (with_model("timeouts: {connect: 5}"), "models.m.timeouts: "),
         (with_model("capabilities: {tools: true}"), "models.m.capabilities: "),
         (with_model("frobnicate: 1"), "models.m.frobnicate: unknown model key"),
         (with_model("filters: {setParamsByID: {x: {a: 1}}}"), "models.m.filters.setParamsByID: "),
@@ -639,6 +644,336 @@ def test_scheduler_settings(scheduler: str, expected: SchedulerSettings) -> None
 def test_scheduler_errors(scheduler: str, key: str) -> None:
     text = SCHEDULED + textwrap.indent(scheduler, "    ")
     assert error_of(text).key == key
+
+
+# --------------------------------------------------------------------------- timeouts
+
+
+@pytest.mark.parametrize(
+    ("field_name", "expected"),
+    [
+        # llama-swap's reverse-proxy transport defaults, in seconds ...
+        ("connect", 30),
+        ("keepalive", 30),
+        ("response_header", 0),  # no limit
+        ("tls_handshake", 10),
+        ("expect_continue", 1),
+        ("idle_conn", 90),
+        # ... and ours: silence from the model during a request before it is checked.
+        ("idle", 300),
+    ],
+)
+def test_model_timeout_defaults(field_name: str, expected: float) -> None:
+    assert getattr(ModelTimeouts(), field_name) == expected
+    assert getattr(model(MINIMAL).timeouts, field_name) == expected
+
+
+@pytest.mark.parametrize(
+    ("timeouts", "top", "expected"),
+    [
+        ("{}", "", ModelTimeouts()),
+        ("", "", ModelTimeouts()),  # `timeouts:` with no value
+        ("{connect: 5}", "", ModelTimeouts(connect=5)),  # the others keep their defaults
+        ("{keepalive: 0}", "", ModelTimeouts(keepalive=0)),  # 0 disables one
+        ("{responseHeader: 120}", "", ModelTimeouts(response_header=120)),
+        ("{tlsHandshake: 2.5}", "", ModelTimeouts(tls_handshake=2.5)),  # fractions allowed
+        ("{expectContinue: 0}", "", ModelTimeouts(expect_continue=0)),
+        ("{idleConn: 15}", "", ModelTimeouts(idle_conn=15)),
+        ("{idle: 0}", "", ModelTimeouts(idle=0)),
+        ("{idle: 45}", "", ModelTimeouts(idle=45)),
+        ("{connect: }", "", ModelTimeouts()),  # null is unset
+        # A whole-value macro keeps its number type.
+        ("{idle: '${slow}'}", "macros: {slow: 900}", ModelTimeouts(idle=900)),
+        (
+            "{connect: 1, keepalive: 2, responseHeader: 3, tlsHandshake: 4, expectContinue: 5, "
+            "idleConn: 6, idle: 7}",
+            "",
+            ModelTimeouts(1, 2, 3, 4, 5, 6, 7),
+        ),
+    ],
+)
+def test_model_timeouts(timeouts: str, top: str, expected: ModelTimeouts) -> None:
+    config = parse(with_model(f"timeouts: {timeouts}", top))
+    assert config.models["m"].timeouts == expected
+    assert config.warnings == ()
+
+
+def test_model_timeouts_are_per_model() -> None:
+    text = two_models("timeouts: {idle: 10}", "")
+    config = parse(text)
+    assert config.models["a"].timeouts.idle == 10
+    assert config.models["b"].timeouts == ModelTimeouts()
+
+
+@pytest.mark.parametrize(
+    ("timeouts", "key"),
+    [
+        ("[5]", "models.m.timeouts"),  # not a mapping
+        ("30", "models.m.timeouts"),
+        ("{connect: -1}", "models.m.timeouts.connect"),
+        ("{keepalive: soon}", "models.m.timeouts.keepalive"),
+        ("{responseHeader: '60'}", "models.m.timeouts.responseHeader"),  # a string
+        ("{tlsHandshake: true}", "models.m.timeouts.tlsHandshake"),  # not a number
+        ("{expectContinue: .inf}", "models.m.timeouts.expectContinue"),  # not finite
+        ("{idleConn: .nan}", "models.m.timeouts.idleConn"),
+        ("{idle: -0.5}", "models.m.timeouts.idle"),
+        ("{idle: [1]}", "models.m.timeouts.idle"),
+        ("{connect: 30s}", "models.m.timeouts.connect"),  # seconds, not Go durations
+    ],
+)
+def test_model_timeout_errors(timeouts: str, key: str) -> None:
+    assert error_of(with_model(f"timeouts: {timeouts}")).key == key
+
+
+@pytest.mark.parametrize(
+    ("text", "warnings"),
+    [
+        (with_model("timeouts: {connect: 5, dial: 3}"), ["models.m.timeouts.dial: unknown key"]),
+        (
+            with_model("timeouts: {idle_conn: 5, Idle: 3}"),  # spelled llama-swap's way only
+            ["models.m.timeouts.idle_conn: unknown key", "models.m.timeouts.Idle: unknown key"],
+        ),
+        # llama-swap has no global timeouts section.
+        (with_model("", "timeouts: {connect: 5}"), ["timeouts: unknown key"]),
+    ],
+)
+def test_timeout_warnings(text: str, warnings: list[str]) -> None:
+    config = parse(text)
+    assert len(config.warnings) == len(warnings), config.warnings
+    for warning, prefix in zip(config.warnings, warnings, strict=True):
+        assert warning.startswith(prefix)
+        assert warning.endswith("; ignored")
+
+
+def test_unknown_timeout_keys_do_not_change_the_known_ones() -> None:
+    assert model(with_model("timeouts: {connect: 5, dial: 3}")).timeouts == ModelTimeouts(connect=5)
+
+
+# --------------------------------------------------------------------------- limits
+
+
+@pytest.mark.parametrize(
+    ("field_name", "expected"),
+    [
+        ("max_body_bytes", 256 * 1024 * 1024),
+        ("header_timeout", 30),
+        ("body_timeout", 300),
+        ("body_idle_timeout", 60),
+    ],
+)
+def test_limit_defaults(field_name: str, expected: float) -> None:
+    assert getattr(RequestLimits(), field_name) == expected
+    assert getattr(parse(MINIMAL).limits, field_name) == expected
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        ("", RequestLimits()),  # `limits:` with no value
+        ("{}", RequestLimits()),
+        ("{maxBodyBytes: 1}", RequestLimits(max_body_bytes=1)),
+        ("{maxBodyBytes: 1048576}", RequestLimits(max_body_bytes=1024 * 1024)),
+        ("{headerTimeout: 5}", RequestLimits(header_timeout=5)),
+        ("{headerTimeout: 0}", RequestLimits(header_timeout=0)),  # 0 disables one
+        ("{bodyTimeout: 0.5}", RequestLimits(body_timeout=0.5)),
+        ("{bodyTimeout: 0}", RequestLimits(body_timeout=0)),
+        ("{bodyIdleTimeout: 10}", RequestLimits(body_idle_timeout=10)),
+        ("{bodyIdleTimeout: 0}", RequestLimits(body_idle_timeout=0)),
+        ("{maxBodyBytes: , headerTimeout: }", RequestLimits()),  # null is unset
+        (
+            "{maxBodyBytes: 100, headerTimeout: 1, bodyTimeout: 2, bodyIdleTimeout: 3}",
+            RequestLimits(100, 1, 2, 3),
+        ),
+    ],
+)
+def test_limits(limits: str, expected: RequestLimits) -> None:
+    config = parse(with_model("", f"limits: {limits}"))
+    assert config.limits == expected
+    assert config.warnings == ()
+
+
+def test_limits_expand_env_and_macros() -> None:
+    top = "macros: {mb: 1000}\nlimits: {maxBodyBytes: '${mb}', bodyTimeout: '${env.BODY}'}"
+    limits = parse(with_model("", top), {"BODY": "90"}).limits
+    assert limits == RequestLimits(max_body_bytes=1000, body_timeout=90)
+
+
+@pytest.mark.parametrize(
+    ("limits", "key"),
+    [
+        ("[1]", "limits"),
+        ("100", "limits"),
+        ("{maxBodyBytes: 0}", "limits.maxBodyBytes"),  # at least one byte
+        ("{maxBodyBytes: -1}", "limits.maxBodyBytes"),
+        ("{maxBodyBytes: 1.5}", "limits.maxBodyBytes"),  # whole bytes
+        ("{maxBodyBytes: 10MB}", "limits.maxBodyBytes"),
+        ("{maxBodyBytes: true}", "limits.maxBodyBytes"),
+        ("{headerTimeout: -1}", "limits.headerTimeout"),
+        ("{headerTimeout: soon}", "limits.headerTimeout"),
+        ("{bodyTimeout: .inf}", "limits.bodyTimeout"),
+        ("{bodyTimeout: false}", "limits.bodyTimeout"),
+        ("{bodyIdleTimeout: -0.1}", "limits.bodyIdleTimeout"),
+        ("{bodyIdleTimeout: '60'}", "limits.bodyIdleTimeout"),
+    ],
+)
+def test_limit_errors(limits: str, key: str) -> None:
+    assert error_of(with_model("", f"limits: {limits}")).key == key
+
+
+def test_unknown_limit_keys_warn() -> None:
+    config = parse(with_model("", "limits: {maxBodyBytes: 10, maxHeaderBytes: 5}"))
+    assert config.warnings == ("limits.maxHeaderBytes: unknown key; ignored",)
+    assert config.limits == RequestLimits(max_body_bytes=10)
+
+
+# --------------------------------------------------------------------------- queue bounds
+
+
+def bounds_of(scheduler: str) -> QueueBounds:
+    return parse(SCHEDULED + textwrap.indent(scheduler, "    ")).bounds
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "expected"),
+    [
+        # Nothing set: unbounded.
+        ("", QueueBounds()),
+        ("settings: {serial: {}}", QueueBounds()),
+        ("settings: {serial: {maxQueueDepth: 1}}", QueueBounds(max_queue_depth=1)),
+        ("settings: {serial: {maxQueueDepth: 500}}", QueueBounds(max_queue_depth=500)),
+        ("settings: {serial: {maxQueueDepth: }}", QueueBounds()),  # null is unset
+        ("settings: {serial: {maxWait: {}}}", QueueBounds()),
+        ("settings: {serial: {maxWait: }}", QueueBounds()),
+        # One band bounded, the others unbounded.
+        ("settings: {serial: {maxWait: {batch: 600}}}", QueueBounds(max_wait={"batch": 600})),
+        (
+            "settings: {serial: {maxWait: {interactive: 0.5, normal: 30, batch: 3600}}}",
+            QueueBounds(max_wait={"interactive": 0.5, "normal": 30, "batch": 3600}),
+        ),
+        ("settings: {serial: {maxWait: {normal: }}}", QueueBounds()),  # null is unset
+        # The fifo section takes the same keys.
+        (
+            "use: fifo\nsettings: {fifo: {maxQueueDepth: 8, maxWait: {normal: 20}}}",
+            QueueBounds(max_queue_depth=8, max_wait={"normal": 20}),
+        ),
+        # A section not in use still supplies what the one in use leaves out ...
+        ("settings: {fifo: {maxQueueDepth: 8}}", QueueBounds(max_queue_depth=8)),
+        ("use: fifo\nsettings: {serial: {maxQueueDepth: 8}}", QueueBounds(max_queue_depth=8)),
+        # ... but when both set a key, the section named by `use` wins (serial by default).
+        (
+            "settings: {serial: {maxQueueDepth: 4}, fifo: {maxQueueDepth: 8}}",
+            QueueBounds(max_queue_depth=4),
+        ),
+        (
+            "use: serial\nsettings: {serial: {maxQueueDepth: 4}, fifo: {maxQueueDepth: 8}}",
+            QueueBounds(max_queue_depth=4),
+        ),
+        (
+            "use: fifo\nsettings: {serial: {maxQueueDepth: 4}, fifo: {maxQueueDepth: 8}}",
+            QueueBounds(max_queue_depth=8),
+        ),
+        # A null in the section in use is unset, so the other section's value stands.
+        (
+            "settings: {serial: {maxQueueDepth: }, fifo: {maxQueueDepth: 8}}",
+            QueueBounds(max_queue_depth=8),
+        ),
+        # maxWait is merged band by band; for a band both set, `use` wins.
+        (
+            "use: fifo\nsettings: {serial: {maxWait: {normal: 10, batch: 100}}, "
+            "fifo: {maxWait: {normal: 20, interactive: 2}}}",
+            QueueBounds(max_wait={"interactive": 2, "normal": 20, "batch": 100}),
+        ),
+        (
+            "settings: {serial: {maxWait: {normal: 10, batch: 100}}, "
+            "fifo: {maxWait: {normal: 20, interactive: 2}}}",
+            QueueBounds(max_wait={"interactive": 2, "normal": 10, "batch": 100}),
+        ),
+        # The bounds sit next to the policy's own settings.
+        (
+            "settings: {serial: {agingDivisor: 30, maxQueueDepth: 2}, "
+            "fifo: {priority: {qwen: 1}, maxWait: {batch: 5}}}",
+            QueueBounds(max_queue_depth=2, max_wait={"batch": 5}),
+        ),
+    ],
+)
+def test_queue_bounds(scheduler: str, expected: QueueBounds) -> None:
+    text = SCHEDULED + textwrap.indent(scheduler, "    ")
+    config = parse(text)
+    assert config.bounds == expected
+    assert config.warnings == ()
+
+
+def test_queue_bounds_max_wait_is_read_only_and_keyed_by_band_value() -> None:
+    bounds = bounds_of("settings: {serial: {maxWait: {batch: 60, interactive: 1}}}")
+    assert list(bounds.max_wait) == ["interactive", "batch"]  # band order
+    assert all(type(band) is str for band in bounds.max_wait)
+    with pytest.raises(TypeError):
+        bounds.max_wait["normal"] = 5  # type: ignore[index]
+    assert QueueBounds().max_wait == {}
+
+
+SERIAL_KEY = "routing.scheduler.settings.serial"
+FIFO_KEY = "routing.scheduler.settings.fifo"
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "key"),
+    [
+        ("settings: {serial: {maxQueueDepth: 0}}", f"{SERIAL_KEY}.maxQueueDepth"),
+        ("settings: {serial: {maxQueueDepth: -1}}", f"{SERIAL_KEY}.maxQueueDepth"),
+        ("settings: {serial: {maxQueueDepth: 2.5}}", f"{SERIAL_KEY}.maxQueueDepth"),
+        ("settings: {serial: {maxQueueDepth: many}}", f"{SERIAL_KEY}.maxQueueDepth"),
+        ("settings: {serial: {maxQueueDepth: true}}", f"{SERIAL_KEY}.maxQueueDepth"),
+        ("settings: {fifo: {maxQueueDepth: 0}}", f"{FIFO_KEY}.maxQueueDepth"),
+        ("settings: {serial: {maxWait: 60}}", f"{SERIAL_KEY}.maxWait"),  # per band
+        ("settings: {serial: {maxWait: [60]}}", f"{SERIAL_KEY}.maxWait"),
+        ("settings: {serial: {maxWait: {urgent: 5}}}", f"{SERIAL_KEY}.maxWait.urgent"),
+        ("settings: {serial: {maxWait: {Normal: 5}}}", f"{SERIAL_KEY}.maxWait.Normal"),
+        ("settings: {serial: {maxWait: {100: 5}}}", f"{SERIAL_KEY}.maxWait.100"),  # no numbers
+        ("settings: {serial: {maxWait: {normal: 0}}}", f"{SERIAL_KEY}.maxWait.normal"),
+        ("settings: {serial: {maxWait: {normal: -5}}}", f"{SERIAL_KEY}.maxWait.normal"),
+        ("settings: {serial: {maxWait: {batch: .inf}}}", f"{SERIAL_KEY}.maxWait.batch"),
+        ("settings: {serial: {maxWait: {batch: 1h}}}", f"{SERIAL_KEY}.maxWait.batch"),
+        ("settings: {fifo: {maxWait: {urgent: 5}}}", f"{FIFO_KEY}.maxWait.urgent"),
+        ("settings: {fifo: {maxWait: {interactive: 0}}}", f"{FIFO_KEY}.maxWait.interactive"),
+        # The section not in use is checked too, even where the one in use overrides it.
+        (
+            "settings: {serial: {maxQueueDepth: 4}, fifo: {maxQueueDepth: 0}}",
+            f"{FIFO_KEY}.maxQueueDepth",
+        ),
+        (
+            "use: fifo\nsettings: {serial: {maxWait: {normal: -1}}, fifo: {maxWait: {normal: 1}}}",
+            f"{SERIAL_KEY}.maxWait.normal",
+        ),
+    ],
+)
+def test_queue_bound_errors(scheduler: str, key: str) -> None:
+    text = SCHEDULED + textwrap.indent(scheduler, "    ")
+    assert error_of(text).key == key
+
+
+def test_queue_bound_error_message() -> None:
+    error = error_of(SCHEDULED + "    settings: {serial: {maxWait: {urgent: 5}}}\n")
+    assert str(error) == (
+        f"{SERIAL_KEY}.maxWait.urgent: unknown band 'urgent' "
+        "(use one of interactive, normal, batch)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "warnings"),
+    [
+        ("settings: {serial: {maxQueueLength: 5}}", [f"{SERIAL_KEY}.maxQueueLength"]),
+        ("settings: {fifo: {maxwait: {normal: 5}}}", [f"{FIFO_KEY}.maxwait"]),
+        (
+            "settings: {serial: {maxQueueDepth: 1, x: 1}, fifo: {maxQueueDepth: 1, y: 1}}",
+            [f"{SERIAL_KEY}.x", f"{FIFO_KEY}.y"],
+        ),
+    ],
+)
+def test_unknown_bound_keys_warn(scheduler: str, warnings: list[str]) -> None:
+    config = parse(SCHEDULED + textwrap.indent(scheduler, "    "))
+    assert config.warnings == tuple(f"{key}: unknown key; ignored" for key in warnings)
 
 
 # --------------------------------------------------------------------------- hooks
@@ -851,9 +1186,9 @@ def test_realistic_llama_swap_config_loads() -> None:
         "sendLoadingState",
         "apiKeys",
         "peers",
-        "models.gpt-oss-120b.timeouts",
         "routing.router",
     ]
+    assert gpt.timeouts == ModelTimeouts(connect=30)
 
 
 # --------------------------------------------------------------------------- config.example.yaml
