@@ -8,7 +8,10 @@ hop and an OS thread per waiting request (../shared/notes/asgi-performance.md). 
 """
 
 import asyncio
+import contextlib
 import gc
+import io
+import logging
 import os
 import sys
 
@@ -25,9 +28,16 @@ from django.urls import set_script_prefix  # noqa: E402
 
 from proxy.urls import PROXY_EXACT, PROXY_PREFIXES  # noqa: E402
 
+log = logging.getLogger("llamaswap.proxy")
+
 
 class ProxyHandler(ASGIHandler):
-    """Django's ASGI handler minus middleware, signals and thread hops: async views only."""
+    """Django's ASGI handler minus middleware, signals and thread hops: async views only.
+
+    It owns the whole life of a proxied request, so it is where a request's turn on the GPU
+    (``proxy.turn.Turn``, set by the view as ``request.turn``) is closed: in a ``finally``
+    after the response has been sent or abandoned, whatever happened (see proxy/turn.py).
+    """
 
     def load_middleware(self, is_async: bool = False) -> None:
         self._view_middleware = []
@@ -40,17 +50,24 @@ class ProxyHandler(ASGIHandler):
 
     async def handle(self, scope, receive, send):
         try:
-            body_file = await self.read_body(receive)
+            body = await _read_body(scope, receive, _limits())
         except RequestAborted:
             return
+        except _BodyRefused as refused:
+            await self.send_response(refused.response, send)
+            return
         set_script_prefix(self.get_script_prefix(scope))
-        request, error_response = self.create_request(scope, body_file)
+        request, error_response = self.create_request(scope, io.BytesIO(body))
         if request is None:
-            body_file.close()
             await self.send_response(error_response, send)
             _close(error_response)
             return
+        # The body as one bytes object: Django's ``request.body`` would copy the stream
+        # (and refuse more than DATA_UPLOAD_MAX_MEMORY_SIZE); the BytesIO above shares it.
+        request._body = body
+        del body
         request.scope = scope
+        request.turn = None
 
         async def process_request():
             response = await self.run_get_response(request)
@@ -63,29 +80,118 @@ class ProxyHandler(ASGIHandler):
         # Cancel the view when the client disconnects (Django's own behaviour).
         listener = asyncio.create_task(self.listen_for_disconnect(receive))
         worker = asyncio.create_task(process_request())
-        await asyncio.wait((listener, worker), return_when=asyncio.FIRST_COMPLETED)
-        pending = [task for task in (listener, worker) if not task.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
-        # Read the outcomes without raising them here: a raised exception's traceback holds
-        # this frame, which holds the tasks, which hold the exception: a reference cycle
-        # per request (the listener ends in RequestAborted or CancelledError every time),
-        # left to the cyclic GC, whose collections showed as latency spikes.
-        body_file.close()
-        for task in (listener, worker):
-            if task.cancelled():
-                continue
-            error = task.exception()
-            if error is not None and not isinstance(error, RequestAborted):
-                raise error
+        try:
+            await asyncio.wait((listener, worker), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # Also when this handler itself is cancelled (the server gave up on the
+            # request): nothing below may be skipped.
+            for task in (listener, worker):
+                if not task.done():
+                    task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait((listener, worker))
+            disconnected = listener.done() and not listener.cancelled()
+            error = None
+            if worker.cancelled():
+                error = asyncio.CancelledError()
+            elif worker.exception() is not None:
+                error = worker.exception()
+            # Read the outcomes without raising them here: a raised exception's traceback
+            # holds this frame, which holds the tasks, which hold the exception: a
+            # reference cycle per request (the listener ends in RequestAborted or
+            # CancelledError every time), left to the cyclic GC, whose collections showed
+            # as latency spikes.
+            turn = request.turn
+            if turn is not None:
+                status = None
+                if worker.done() and not worker.cancelled() and worker.exception() is None:
+                    status = worker.result().status_code
+                await turn.close(disconnected=disconnected, error=error, status=status)
+            request.turn = None
+        if error is not None and not isinstance(error, asyncio.CancelledError):
+            raise error
         if not worker.cancelled() and worker.exception() is None:
             _close(worker.result())
 
     @staticmethod
     def get_script_prefix(scope):
         return scope.get("root_path", "") or "/"
+
+
+class _BodyRefused(Exception):
+    def __init__(self, response):
+        self.response = response
+
+
+def _limits():
+    from scheduler import runtime
+    from scheduler.config import RequestLimits
+
+    return runtime.current().config.limits if runtime.is_running() else RequestLimits()
+
+
+def _declared_length(scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _read_body(scope, receive, limits) -> bytes:
+    """The whole request body as one bytes object, within ``limits`` (see RequestLimits):
+    at most ``max_body_bytes`` (else a 413 before reading it), ``body_timeout`` in all and
+    ``body_idle_timeout`` between chunks (else a 408)."""
+    from proxy.errors import error_response
+
+    limit = limits.max_body_bytes
+    declared = _declared_length(scope)
+    if declared is not None and declared > limit:
+        raise _BodyRefused(_too_large(error_response, declared, limit))
+    chunks = []
+    size = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.body_timeout if limits.body_timeout else None
+    idle = limits.body_idle_timeout or None
+    try:
+        async with asyncio.timeout(None) as timer:
+            while True:
+                if idle is not None or deadline is not None:
+                    at = loop.time() + idle if idle is not None else deadline
+                    timer.reschedule(at if deadline is None else min(at, deadline))
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise RequestAborted()
+                chunk = message.get("body", b"")
+                if chunk:
+                    size += len(chunk)
+                    if size > limit:
+                        raise _BodyRefused(_too_large(error_response, size, limit))
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+    except TimeoutError:
+        client = scope.get("client") or ("?", 0)
+        log.warning(
+            "request body too slow; connection cut",
+            extra={"client": f"{client[0]}:{client[1]}", "path": scope.get("path", ""), "received": size},
+        )
+        raise _BodyRefused(
+            error_response(408, "the request body did not arrive in time", code="request_timeout")
+        ) from None
+    if len(chunks) == 1:
+        return chunks[0]
+    return b"".join(chunks)
+
+
+def _too_large(error_response, size, limit):
+    return error_response(
+        413,
+        f"request body of {size} bytes is over the limit of {limit} bytes (limits.maxBodyBytes)",
+        code="request_too_large",
+    )
 
 
 def _close(response) -> None:

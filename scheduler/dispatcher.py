@@ -23,25 +23,59 @@ import contextlib
 import enum
 import itertools
 import logging
+import math
 import time
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from scheduler.config import Config, ModelConfig
 from scheduler.policy import Decision, Policy, QueuedRequest, SchedulerSettings
+from scheduler.priority import Band
 from scheduler.process import LogBuffer, ModelProcess, ModelStartError, ModelState
 from scheduler.queue import WaitingQueue
 
 log = logging.getLogger("llamaswap.dispatcher")
 
 
-class Overloaded(Exception):
+class Refused(Exception):
+    """A request the dispatcher will not serve. ``status`` and ``code`` say how to answer it;
+    ``retry_after`` (seconds) is the estimated time until the queue has room again."""
+
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Overloaded(Refused):
     """fifo: the ready model already serves ``concurrencyLimit`` requests (HTTP 429)."""
 
+    status = 429
+    code = "too_many_requests"
 
-class ShuttingDown(Exception):
+
+class QueueFull(Refused):
+    """``maxQueueDepth`` requests are already waiting (HTTP 429)."""
+
+    status = 429
+    code = "queue_full"
+
+
+class WaitExpired(Refused):
+    """The request waited longer than its band's ``maxWait`` (HTTP 503)."""
+
+    status = 503
+    code = "queue_wait_exceeded"
+
+
+class ShuttingDown(Refused):
     """The server is stopping and takes no more work (HTTP 503)."""
+
+    code = "shutting_down"
 
 
 class Outcome(enum.Enum):
@@ -57,6 +91,10 @@ class Outcome(enum.Enum):
     """The client left while its request was being served."""
     REJECTED = "rejected"
     """Refused without waiting (fifo concurrency limit, shutdown)."""
+    QUEUE_FULL = "queue_full"
+    """Refused on arrival: ``maxQueueDepth`` requests were already waiting."""
+    EXPIRED = "expired"
+    """Waited longer than its band's ``maxWait``; never dispatched."""
 
 
 class TicketState(enum.Enum):
@@ -97,12 +135,20 @@ class Ticket:
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     """Facts the proxy learns while relaying (usage, timings), for records."""
+    guard: weakref.finalize[Any, Any] | None = field(default=None, repr=False)
+    """Ends the ticket if its owner is collected first (see :meth:`Dispatcher.submit`)."""
+    generation: int = 0
+    """Which start of its model it was granted to (see :meth:`Dispatcher.resend`)."""
+    resent: bool = False
+    """It was granted once more after its model turned out dead at grant."""
 
     async def wait(self) -> str:
         """Wait for this request's turn; returns the upstream base URL.
 
-        Raises :class:`ModelStartError`, :class:`Overloaded` or :class:`ShuttingDown`.
-        Cancelled (client gone) → the caller must call :meth:`Dispatcher.cancel`.
+        Raises :class:`ModelStartError` or a :class:`Refused` (:class:`Overloaded`,
+        :class:`QueueFull`, :class:`WaitExpired`, :class:`ShuttingDown`). Whoever submitted
+        the ticket must end it (:meth:`Dispatcher.finish` or :meth:`Dispatcher.cancel`) on
+        every path: ``proxy.turn.Turn`` does that for the proxy.
         """
         return await asyncio.shield(self.granted)
 
@@ -170,6 +216,22 @@ class _Tick:
 
 
 @dataclass
+class _Expire:
+    pass
+
+
+@dataclass
+class _Resend:
+    ticket: Ticket
+
+
+@dataclass
+class _Unhealthy:
+    model: str
+    generation: int
+
+
+@dataclass
 class _Stop:
     pass
 
@@ -211,7 +273,9 @@ class Dispatcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._hurry = asyncio.Event()
-        self._unloading: set[asyncio.Task[None]] = set()
+        self._stops: set[asyncio.Task[None]] = set()
+        """Model processes being stopped. No process starts before all of these are done,
+        so a replaced model is reaped before its successor exists (VRAM, ports)."""
         self._closing = False
         self._ids = itertools.count(1)
         # Model state, owned by the run task.
@@ -220,6 +284,16 @@ class Dispatcher:
         self._swapping: str | None = None
         """Model id being started by a swap task, if any."""
         self._swap_task: asyncio.Task[None] | None = None
+        self._loading: ModelProcess | None = None
+        """The process the swap task is starting, once it exists."""
+        self._swap_aborted = False
+        """The load in progress was given up (unloaded, or all its waiters left)."""
+        self._generation = 0
+        """Bumped by every successful start: which start a ticket was granted to."""
+        self._service_mean: float | None = None
+        """Moving average of seconds from dispatch to finish, for Retry-After estimates."""
+        self._expire_handle: asyncio.TimerHandle | None = None
+        self._expire_at: float | None = None
         self._running: dict[str, set[Ticket]] = {}
         """Granted or loading tickets by model id."""
         self._last_used: dict[str, float] = {}
@@ -241,8 +315,21 @@ class Dispatcher:
     def now(self) -> float:
         return self._clock()
 
-    def submit(self, model: ModelConfig, priority: int, request_id: str, path: str) -> Ticket:
-        """Put a request in line; await ``ticket.wait()`` for its turn."""
+    def submit(
+        self,
+        model: ModelConfig,
+        priority: int,
+        request_id: str,
+        path: str,
+        owner: object | None = None,
+    ) -> Ticket:
+        """Put a request in line; await ``ticket.wait()`` for its turn.
+
+        ``owner`` is the object that answers for ending the ticket (the proxy's ``Turn``).
+        Should it be garbage-collected with the ticket still open, the dispatcher ends the
+        ticket itself and logs an error: a backstop, so that a bug on some exit path costs
+        one log line instead of the GPU.
+        """
         loop = asyncio.get_running_loop()
         ticket = Ticket(
             request_id=request_id,
@@ -253,6 +340,8 @@ class Dispatcher:
             arrival_wall=self._wall(),
             granted=loop.create_future(),
         )
+        if owner is not None:
+            ticket.guard = weakref.finalize(owner, self._abandoned, ticket)
         if self._closing:
             ticket.state = TicketState.DONE
             ticket.outcome = Outcome.REJECTED
@@ -268,6 +357,8 @@ class Dispatcher:
         """The request's turn is over (answered, failed, or client gone). Idempotent."""
         if ticket.outcome is not None:
             return
+        if ticket.guard is not None:
+            ticket.guard.detach()
         ticket.outcome, ticket.status, ticket.error = outcome, status, error
         ticket.finished_at = self._clock()
         self._inbox.put_nowait(_Finished(ticket))
@@ -276,12 +367,51 @@ class Dispatcher:
         """The client went away before its turn came (or during its model's load)."""
         if ticket.outcome is not None:
             return
+        if ticket.guard is not None:
+            ticket.guard.detach()
         if ticket.state is TicketState.WAITING:
             ticket.outcome = Outcome.CANCELLED_WAITING
         else:
             ticket.outcome = Outcome.CANCELLED_RUNNING
         ticket.finished_at = self._clock()
         self._inbox.put_nowait(_Gone(ticket))
+
+    def resend(self, ticket: Ticket) -> None:
+        """The granted request never reached its model (connection refused): the process
+        it was granted to died before its exit was reaped. Its turn goes on: the model is
+        restarted (or the fresh process used, if one was started meanwhile) and the ticket
+        granted once more; await ``ticket.wait()`` again. Only for requests of which no
+        byte can have reached the model, and only once per ticket."""
+        if ticket.outcome is not None or ticket.resent:
+            raise RuntimeError(f"ticket {ticket.request_id} cannot be resent")
+        ticket.resent = True
+        ticket.granted = asyncio.get_running_loop().create_future()
+        self._inbox.put_nowait(_Resend(ticket))
+
+    def unhealthy(self, ticket: Ticket) -> None:
+        """The model this ticket was granted to stopped answering and failed its health
+        check: stop it (the next request for it starts it afresh)."""
+        self._inbox.put_nowait(_Unhealthy(ticket.model.id, ticket.generation))
+
+    def _abandoned(self, ticket: Ticket) -> None:
+        """The ticket's owner was collected with the ticket open (see :meth:`submit`)."""
+        ticket.guard = None
+        if ticket.outcome is not None:
+            return
+        log.error(
+            "turn abandoned by its request; ended by the dispatcher",
+            extra={"request_id": ticket.request_id, "model": ticket.model.id, "state": ticket.state.value},
+        )
+
+        def end() -> None:
+            if ticket.state is TicketState.WAITING:
+                self.cancel(ticket)
+            else:
+                self.finish(ticket, Outcome.FAILED, 500, "turn abandoned by its request")
+
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(end)
 
     def set_settings(self, settings: SchedulerSettings, source: str = "admin") -> None:
         """New settings from the next pick on (admin edit). Safe to call from any thread
@@ -380,11 +510,12 @@ class Dispatcher:
             with contextlib.suppress(BaseException):
                 await self._swap_task
         if self._process is not None:
-            await self._process.stop()
+            self._stop_process(self._process)
             self._process = None
-        for task in list(self._unloading):
-            with contextlib.suppress(BaseException):
-                await task
+        while self._stops:
+            await asyncio.wait(set(self._stops))
+        if self._expire_handle is not None:
+            self._expire_handle.cancel()
 
     def _on_drain(self) -> None:
         """Shutdown: every waiting request fails at once with 503."""
@@ -416,6 +547,8 @@ class Dispatcher:
                 self._handle(event)
             try:
                 self._dispatch()
+                if self._max_wait:
+                    self._arm_expiry()
             except Exception:  # never let one bad decision kill the loop
                 log.exception("dispatch failed")
 
@@ -440,6 +573,12 @@ class Dispatcher:
                 self._on_unload(event)
             elif isinstance(event, _Tick):
                 self._on_tick()
+            elif isinstance(event, _Resend):
+                self._on_resend(event.ticket)
+            elif isinstance(event, _Expire):
+                self._on_expire()
+            elif isinstance(event, _Unhealthy):
+                self._on_unhealthy(event)
             elif isinstance(event, _Drain):
                 self._on_drain()
         except Exception:
@@ -470,14 +609,26 @@ class Dispatcher:
         if self._fifo and model == self._ready_model() and not self._queue.waiting_for(model):
             limit = ticket.model.concurrency_limit
             if len(self._running.get(model, ())) >= limit:
-                ticket.state = TicketState.DONE
-                ticket.outcome = Outcome.REJECTED
-                ticket.granted.set_exception(
-                    Overloaded(f"model {model!r} is serving its concurrencyLimit ({limit}) requests")
-                )
                 self._notify("on_enqueue", ticket)
-                self._notify("on_finish", ticket)
+                self._refuse(
+                    ticket,
+                    Outcome.REJECTED,
+                    Overloaded(f"model {model!r} is serving its concurrencyLimit ({limit}) requests", 1),
+                )
                 return
+        depth = self._max_depth
+        if depth is not None and len(self._queue) >= depth and not ticket.extra.get("preload"):
+            self._notify("on_enqueue", ticket)
+            self._refuse(
+                ticket,
+                Outcome.QUEUE_FULL,
+                QueueFull(
+                    f"the queue is full: {len(self._queue)} requests are waiting (maxQueueDepth {depth})",
+                    self.retry_after(1),
+                ),
+            )
+            log.warning("queue full", extra=self._fields(ticket))
+            return
         self._tickets[ticket.request_id] = ticket
         self._queue.add(
             QueuedRequest(ticket.request_id, model, ticket.priority, ticket.arrival)
@@ -487,6 +638,8 @@ class Dispatcher:
             self._notify("on_enqueue", ticket)
 
     def _on_gone(self, ticket: Ticket) -> None:
+        if ticket.state is TicketState.DONE:
+            return
         if ticket.state is TicketState.WAITING:
             if self._queue.cancel(ticket.request_id) is not None:
                 del self._tickets[ticket.request_id]
@@ -494,9 +647,99 @@ class Dispatcher:
             log.info("cancelled while waiting", extra=self._fields(ticket))
             self._notify("on_finish", ticket)
         else:
-            # Loading or running: its turn ends now; a load in progress completes and
-            # leaves the model loaded for whoever is next.
+            was_loading = ticket.state is TicketState.LOADING
             self._end_turn(ticket)
+            if was_loading:
+                self._maybe_abandon_load(ticket.model.id)
+        self._update_idle()
+
+    def _maybe_abandon_load(self, model: str) -> None:
+        """A load whose waiters all left is given up when other work waits; otherwise it
+        completes and leaves the model loaded for whoever is next."""
+        if self._swapping != model or self._swap_aborted:
+            return
+        if any(t.state is TicketState.LOADING for t in self._running.get(model, ())):
+            return
+        if not self._queue or self._queue.waiting_for(model):
+            return
+        log.info("load abandoned: its requests left and other work waits", extra={"model": model})
+        self._abort_load()
+
+    def _abort_load(self) -> None:
+        self._swap_aborted = True
+        if self._loading is not None:
+            self._stop_process(self._loading)
+
+    def _refuse(self, ticket: Ticket, outcome: Outcome, error: Refused) -> None:
+        """End a ticket that will never be dispatched, with the error its view answers."""
+        ticket.state = TicketState.DONE
+        ticket.outcome = outcome
+        ticket.status = error.status
+        ticket.error = str(error)
+        ticket.finished_at = self._clock()
+        if ticket.guard is not None:
+            ticket.guard.detach()
+        if not ticket.granted.done():
+            ticket.granted.set_exception(error)
+            ticket.granted.exception()  # retrieved: its view may be gone already
+        self._notify("on_finish", ticket)
+
+    def retry_after(self, ahead: int) -> int:
+        """Whole seconds until about ``ahead`` requests have been served, from the measured
+        mean time per request (1 s before anything has been measured); at least 1."""
+        mean = self._service_mean if self._service_mean is not None else 1.0
+        return max(1, min(3600, math.ceil(ahead * mean)))
+
+    # -- bounds -------------------------------------------------------------------------
+
+    @property
+    def _max_depth(self) -> int | None:
+        return self.config.bounds.max_queue_depth
+
+    @property
+    def _max_wait(self) -> Mapping[str, float]:
+        return self.config.bounds.max_wait
+
+    def _arm_expiry(self) -> None:
+        """Keep one timer at the earliest maxWait deadline: the oldest of each band."""
+        deadline = None
+        for band, limit in self._max_wait.items():
+            oldest = self._queue.oldest(Band(band))
+            if oldest is not None:
+                at = oldest.arrival + limit
+                deadline = at if deadline is None else min(deadline, at)
+        if deadline == self._expire_at:
+            return
+        if self._expire_handle is not None:
+            self._expire_handle.cancel()
+            self._expire_handle = None
+        self._expire_at = deadline
+        if deadline is not None:
+            self._expire_handle = asyncio.get_running_loop().call_later(
+                max(0.0, deadline - self._clock()), self._inbox.put_nowait, _Expire()
+            )
+
+    def _on_expire(self) -> None:
+        self._expire_handle = None
+        self._expire_at = None
+        now = self._clock()
+        for band, limit in self._max_wait.items():
+            while True:
+                oldest = self._queue.oldest(Band(band))
+                if oldest is None or now - oldest.arrival < limit - 1e-6:
+                    break
+                self._queue.cancel(oldest.request_id)
+                ticket = self._tickets.pop(oldest.request_id)
+                waited = now - ticket.arrival
+                self._refuse(
+                    ticket,
+                    Outcome.EXPIRED,
+                    WaitExpired(
+                        f"waited {waited:.0f}s without being served (maxWait for {band}: {limit:g}s)",
+                        self.retry_after(len(self._queue) + 1),
+                    ),
+                )
+                log.warning("wait expired", extra={**self._fields(ticket), "waited_s": round(waited, 1)})
         self._update_idle()
 
     def _on_finished(self, ticket: Ticket) -> None:
@@ -515,6 +758,10 @@ class Dispatcher:
                 del self._running[ticket.model.id]
         now = self._clock()
         self._last_used[ticket.model.id] = now
+        if ticket.outcome is Outcome.COMPLETED and ticket.dispatched_at is not None:
+            took = now - ticket.dispatched_at
+            mean = self._service_mean
+            self._service_mean = took if mean is None else mean + 0.1 * (took - mean)
         if was is TicketState.LOADING and not ticket.granted.done():
             ticket.granted.cancel()
         if not ticket.extra.get("preload"):
@@ -573,6 +820,7 @@ class Dispatcher:
 
     def _grant(self, ticket: Ticket) -> None:
         ticket.state = TicketState.RUNNING
+        ticket.generation = self._generation
         ticket.ready_at = self._clock()
         if not ticket.granted.done():
             ticket.granted.set_result(ticket.model.proxy)
@@ -581,33 +829,63 @@ class Dispatcher:
 
     def _begin_swap(self, model: ModelConfig) -> None:
         self._swapping = model.id
+        self._swap_aborted = False
         self._queue.set_loaded_model(model.id)
-        old = self._process
-        self._process = None
+        if self._process is not None:
+            self._stop_process(self._process)
+            self._process = None
         self._swap_task = asyncio.get_running_loop().create_task(
-            self._swap(old, model), name=f"swap-{model.id}"
+            self._swap(model), name=f"swap-{model.id}"
         )
 
-    async def _swap(self, old: ModelProcess | None, model: ModelConfig) -> None:
+    def _stop_process(self, process: ModelProcess) -> asyncio.Task[None]:
+        """Stop a process in a task of its own, tracked until it is reaped: every start
+        waits for all of these first (see :meth:`_swap`). ``stop()`` is idempotent, so
+        stopping a process twice costs nothing."""
+
+        async def stop() -> None:
+            self._notify("on_model_state", process.config.id, ModelState.STOPPING)
+            try:
+                await process.stop()
+            except Exception:
+                log.exception("model stop failed", extra={"model": process.config.id})
+            finally:
+                self._notify("on_model_state", process.config.id, ModelState.STOPPED)
+
+        task = asyncio.get_running_loop().create_task(stop(), name=f"stop-{process.config.id}")
+        self._stops.add(task)
+        task.add_done_callback(self._stops.discard)
+        return task
+
+    async def _swap(self, model: ModelConfig) -> None:
+        """Start ``model`` once every process being stopped has been reaped. Always ends
+        with a ``_SwapDone`` event (unless cancelled at shutdown), whatever happens."""
         started = self._clock()
-        if old is not None:
-            self._notify("on_model_state", old.config.id, ModelState.STOPPING)
-            await old.stop()
-            self._notify("on_model_state", old.config.id, ModelState.STOPPED)
-        process = self._process_factory(model, self.logs, on_exit=self._process_exited)
-        self._notify("on_model_state", model.id, ModelState.STARTING)
+        process: ModelProcess | None = None
         error: ModelStartError | None = None
         try:
+            while self._stops:
+                await asyncio.wait(set(self._stops))
+            if self._swap_aborted:
+                raise ModelStartError(model.id, "unloaded while loading")
+            process = self._process_factory(model, self.logs, on_exit=self._process_exited)
+            self._loading = process
+            self._notify("on_model_state", model.id, ModelState.STARTING)
+            if self._swap_aborted:
+                raise ModelStartError(model.id, "unloaded while loading")
             await process.start()
         except ModelStartError as exc:
             error = exc
         except asyncio.CancelledError:
-            await process.stop()
+            self._loading = None
+            if process is not None:
+                await asyncio.shield(self._stop_process(process))
             raise
         except Exception as exc:  # a spawn failure (bad cmd) is a start failure too
             error = ModelStartError(model.id, str(exc))
-        if error is not None:
-            await process.stop()
+        self._loading = None
+        if error is not None and process is not None:
+            self._stop_process(process)
         self._inbox.put_nowait(
             _SwapDone(model.id, None if error else process, error, self._clock() - started)
         )
@@ -617,8 +895,10 @@ class Dispatcher:
             self._inbox.put_nowait(_Exited(process))
 
     def _on_swap_done(self, event: _SwapDone) -> None:
+        aborted = self._swap_aborted
         self._swapping = None
         self._swap_task = None
+        self._swap_aborted = False
         loading = [t for t in self._running.get(event.model, ()) if t.state is TicketState.LOADING]
         if event.error is not None:
             self._queue.set_loaded_model(None)
@@ -628,11 +908,18 @@ class Dispatcher:
             self._notify("on_model_state", event.model, ModelState.STOPPED)
             for ticket in loading:
                 ticket.load_seconds = event.seconds
-                if not ticket.granted.done():
-                    ticket.granted.set_exception(event.error)
-                    ticket.granted.exception()
+                self._fail_start(ticket, event.error)
+            if not aborted:
+                # Its waiters fail together now, rather than each retrying the start in
+                # turn while every other model's requests wait behind them.
+                for ticket in [t for t in self._tickets.values() if t.model.id == event.model]:
+                    self._queue.cancel(ticket.request_id)
+                    del self._tickets[ticket.request_id]
+                    self._fail_start(ticket, event.error)
+            self._update_idle()
             return
         self._process = event.process
+        self._generation += 1
         self._notify("on_model_state", event.model, ModelState.READY)
         log.info("model ready", extra={"model": event.model, "load_seconds": round(event.seconds, 3)})
         for ticket in loading:
@@ -640,6 +927,22 @@ class Dispatcher:
             self._grant(ticket)
         # Tickets whose clients left during the load are already DONE; nothing to grant.
         self._schedule_ttl()
+
+    def _fail_start(self, ticket: Ticket, error: ModelStartError) -> None:
+        """A waiting or loading ticket whose model did not start: 503, its turn over."""
+        was = ticket.state
+        ticket.outcome, ticket.status, ticket.error = Outcome.FAILED, 503, error.cause
+        ticket.finished_at = self._clock()
+        if ticket.guard is not None:
+            ticket.guard.detach()
+        if not ticket.granted.done():
+            ticket.granted.set_exception(error)
+            ticket.granted.exception()
+        if was is TicketState.WAITING:
+            ticket.state = TicketState.DONE
+            self._notify("on_finish", ticket)
+        else:
+            self._end_turn(ticket)
 
     def _on_exited(self, process: ModelProcess) -> None:
         if process is self._process:
@@ -650,29 +953,69 @@ class Dispatcher:
             self._process = None
             self._queue.set_loaded_model(None)
             self._notify("on_model_state", process.config.id, ModelState.STOPPED)
+            # Stop it anyway: stop() of an exited process returns once it is reaped, and
+            # the tracked stop keeps any successor from starting before then.
+            self._stop_process(process)
+
+    def _on_resend(self, ticket: Ticket) -> None:
+        """See :meth:`resend`: the process this ticket was granted to is dead."""
+        if ticket.state is not TicketState.RUNNING or ticket.outcome is not None:
+            return
+        model = ticket.model.id
+        ticket.state = TicketState.LOADING
+        log.warning("model unreachable at grant; restarting it", extra=self._fields(ticket))
+        if self._swapping == model:
+            return  # granted when the load in progress completes
+        proc = self._process
+        if (
+            proc is not None
+            and proc.config.id == model
+            and proc.state is ModelState.READY
+            and self._generation != ticket.generation
+        ):
+            self._grant(ticket)  # started afresh since this ticket's grant
+            return
+        ticket.swapped = True
+        self._begin_swap(ticket.model)
+
+    def _on_unhealthy(self, event: _Unhealthy) -> None:
+        proc = self._process
+        if proc is None or proc.config.id != event.model or self._generation != event.generation:
+            return
+        if self._running.get(event.model):
+            return  # others are still being served by it
+        log.warning("model stopped answering and failed its health check; stopping it", extra={"model": event.model})
+        self._process = None
+        self._queue.set_loaded_model(None)
+        self._stop_process(proc)
 
     def _on_unload(self, event: _Unload) -> None:
-        proc = self._process
+        """Stop the targeted models, a load in progress included; ``done`` resolves once
+        their processes are reaped."""
         targets = event.models
-        if proc is None or (targets is not None and proc.config.id not in targets):
+        stops: list[asyncio.Task[None]] = []
+        proc = self._process
+        if proc is not None and (targets is None or proc.config.id in targets):
+            self._process = None
+            self._queue.set_loaded_model(None)
+            stops.append(self._stop_process(proc))
+        if self._swapping is not None and (targets is None or self._swapping in targets):
+            self._swap_aborted = True
+            if self._loading is not None:
+                stops.append(self._stop_process(self._loading))
+            elif self._swap_task is not None:
+                stops.append(self._swap_task)  # it gives up before starting anything
+        if not stops:
             if not event.done.done():
                 event.done.set_result(None)
             return
-        self._process = None
-        self._queue.set_loaded_model(None)
 
-        async def stop() -> None:
-            self._notify("on_model_state", proc.config.id, ModelState.STOPPING)
-            try:
-                await proc.stop()
-            finally:
-                self._notify("on_model_state", proc.config.id, ModelState.STOPPED)
-                if not event.done.done():
-                    event.done.set_result(None)
+        def resolve(_: object) -> None:
+            if not event.done.done() and all(t.done() for t in stops):
+                event.done.set_result(None)
 
-        task = asyncio.get_running_loop().create_task(stop(), name=f"unload-{proc.config.id}")
-        self._unloading.add(task)
-        task.add_done_callback(self._unloading.discard)
+        for task in stops:
+            task.add_done_callback(resolve)
 
     # -- ttl ----------------------------------------------------------------------------
 

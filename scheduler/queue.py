@@ -98,6 +98,10 @@ class WaitingQueue:
         lst = self._model_plain.get(model)
         return len(lst) if lst else 0
 
+    def oldest(self, band: Band) -> QueuedRequest | None:
+        """The longest-waiting request of a band, or None. O(1)."""
+        return next(iter(self._by_band[band].values()), None)
+
     def band_stats(self, now: float) -> dict[Band, BandStats]:
         """Depth and oldest wait per band, all three bands always present. O(1) per band."""
         stats = {}

@@ -1,0 +1,323 @@
+"""Relay one scheduled request: take a turn, wait for it, send upstream, relay the answer.
+
+Every path ends the turn through :class:`proxy.turn.Turn` (closed by the lean handler, see
+``llamaswap_site/asgi.py``); this module only notes how each request ended. The per-chunk
+path does nothing but yield the upstream's bytes and keep a short tail for usage figures.
+
+Timeouts per model (``timeouts`` in the config; 0 disables one):
+
+* ``connect``: seconds to connect to the model (httpx connect timeout);
+* ``responseHeader``: seconds from sending to the response headers, then 504;
+* ``idle``: while waiting for the headers, every ``idle`` seconds of silence the model's
+  health check is asked; healthy models keep working (a long prompt, a 12-hour render),
+  a model that fails it gets the request 504'd and is stopped. Once the answer has begun,
+  ``idle`` seconds without a byte cut it (504, or a stream ending without ``[DONE]``), and
+  the model is stopped if its health check then fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+
+from proxy.errors import REQUEST_ID_HEADER, error_response
+from proxy.turn import Turn
+from proxy.upstream import forward_headers, response_headers
+from scheduler import runtime
+from scheduler.config import ModelConfig
+from scheduler.dispatcher import Outcome, Refused, Ticket
+from scheduler.priority import HEADER, parse_priority
+from scheduler.process import ModelStartError
+
+log = logging.getLogger("llamaswap.proxy")
+
+PRIORITY_META = "HTTP_" + HEADER.upper().replace("-", "_")
+STREAM_TAIL = 4096
+"""Bytes of a stream's end kept to read usage and timings from (see :func:`_stream`)."""
+HEALTH_PROBE_TIMEOUT = 5.0
+WRITE_TIMEOUT = 60.0
+
+
+class UpstreamTimeout(Exception):
+    """The model did not answer in time (HTTP 504)."""
+
+
+async def relay(
+    request: HttpRequest, model: ModelConfig, request_id: str, path: str, body: bytes
+) -> HttpResponse:
+    query = request.META.get("QUERY_STRING", "")
+    try:
+        # Built before the request takes a turn: a path that is no valid URL is the
+        # caller's mistake and costs nobody the GPU.
+        url = httpx.URL(model.proxy.rstrip("/") + path + (f"?{query}" if query else ""))
+    except (httpx.InvalidURL, ValueError) as exc:
+        return error_response(400, f"invalid path: {exc}", code="invalid_path", request_id=request_id)
+    turn = Turn(
+        runtime.current().dispatcher,
+        model,
+        parse_priority(request.META.get(PRIORITY_META)),
+        request_id,
+        path,
+    )
+    request.turn = turn  # type: ignore[attr-defined]  # the handler closes it, whatever happens
+    ticket = turn.ticket
+    try:
+        await turn.wait()
+    except ModelStartError as exc:
+        return _start_failed(model, exc, request_id)
+    except Refused as exc:
+        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+        return error_response(exc.status, str(exc), code=exc.code, request_id=request_id, headers=headers)
+
+    scope = getattr(request, "scope", None)
+    headers = forward_headers(scope["headers"]) if scope is not None else []
+    try:
+        upstream = await _send(turn, request.method or "POST", url, headers, body)
+    except ModelStartError as exc:  # restarted after it died at grant, and did not start
+        return _start_failed(model, exc, request_id)
+    except UpstreamTimeout as exc:
+        turn.note(Outcome.FAILED, 504, str(exc))
+        return error_response(504, str(exc), code="upstream_timeout", request_id=request_id)
+    except httpx.HTTPError as exc:
+        cause = f"{type(exc).__name__}: {exc}"
+        turn.note(Outcome.FAILED, 502, cause)
+        return error_response(
+            502, f"model {model.id!r} did not answer: {cause}", code="upstream_unavailable", request_id=request_id
+        )
+    turn.upstream = upstream
+    body = b""  # the request body is no longer needed while the answer is relayed
+
+    status = upstream.status_code
+    content_type = upstream.headers.get("content-type", "")
+    if content_type.startswith("text/event-stream"):
+        response: HttpResponse = StreamingHttpResponse(_stream(turn, upstream), status=status)
+        for name, value in response_headers(upstream.headers):
+            response[name] = value
+        response["X-Accel-Buffering"] = "no"
+        response["Cache-Control"] = "no-cache"
+        response[REQUEST_ID_HEADER] = request_id
+        return response
+
+    try:
+        content = b"".join([chunk async for chunk in upstream.aiter_raw()])
+    except httpx.ReadTimeout:
+        message = await _went_silent(turn, "its answer")
+        return error_response(504, message, code="upstream_timeout", request_id=request_id)
+    except httpx.HTTPError as exc:
+        cause = f"{type(exc).__name__}: {exc}"
+        turn.note(Outcome.FAILED, 502, cause)
+        return error_response(
+            502, f"model {model.id!r} broke off its answer: {cause}", code="upstream_broken", request_id=request_id
+        )
+    if status < 300 and content_type.startswith("application/json"):
+        _note_usage(ticket, content)
+    turn.note(Outcome.COMPLETED, status)
+    await turn.close()  # the GPU's part is done: the next request need not wait for the send
+    response = HttpResponse(content, status=status)
+    for name, value in response_headers(upstream.headers):
+        response[name] = value
+    response[REQUEST_ID_HEADER] = request_id
+    return response
+
+
+def _start_failed(model: ModelConfig, exc: ModelStartError, request_id: str) -> HttpResponse:
+    return error_response(
+        503,
+        f"model {model.id!r} failed to start: {exc.cause}",
+        code="model_start_failed",
+        request_id=request_id,
+    )
+
+
+async def _send(
+    turn: Turn, method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes
+) -> httpx.Response:
+    """Send and return once the response headers arrived.
+
+    A refused connection means nothing reached the model: the process it was granted to
+    died before its exit was reaped. The dispatcher restarts it and grants the turn once
+    more, and the request is sent again, once. Any other failure may have reached the
+    model, and is never resent.
+    """
+    ticket = turn.ticket
+    model = ticket.model
+    timeouts = model.timeouts
+    client = runtime.current().upstreams.client()
+    while True:
+        request = client.build_request(
+            method,
+            url,
+            headers=headers,
+            content=body,
+            timeout=httpx.Timeout(
+                connect=timeouts.connect or None, read=None, write=WRITE_TIMEOUT, pool=None
+            ),
+        )
+        try:
+            response = await _await_headers(client, request, turn)
+        except httpx.ConnectError:
+            if ticket.resent:
+                raise
+            turn.dispatcher.resend(ticket)
+            await turn.wait()
+            continue
+        if timeouts.idle:
+            # From here on each read of the body may wait ``idle`` seconds. httpcore reads
+            # this dict when the body's first read starts (tests/test_relay_faults.py
+            # fails if that changes).
+            request.extensions["timeout"]["read"] = timeouts.idle
+        return response
+
+
+async def _await_headers(client: httpx.AsyncClient, request: httpx.Request, turn: Turn) -> httpx.Response:
+    model = turn.ticket.model
+    limit = model.timeouts.response_header
+    watchdog = (
+        _Watchdog(turn, asyncio.current_task())  # type: ignore[arg-type]
+        if model.timeouts.idle and model.check_endpoint is not None
+        else None
+    )
+    try:
+        if limit:
+            try:
+                async with asyncio.timeout(limit):
+                    return await client.send(request, stream=True)
+            except TimeoutError:
+                raise UpstreamTimeout(
+                    f"model {model.id!r} sent no response within {limit:g}s (timeouts.responseHeader)"
+                ) from None
+        return await client.send(request, stream=True)
+    except asyncio.CancelledError:
+        if watchdog is None or watchdog.tripped is None:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        turn.unhealthy = True
+        raise UpstreamTimeout(watchdog.tripped) from None
+    finally:
+        if watchdog is not None:
+            watchdog.close()
+
+
+class _Watchdog:
+    """While a request waits for its response headers: every ``timeouts.idle`` seconds,
+    ask the model's health check; if it fails, cancel the waiting task. A timer handle,
+    no task, until the first probe: nothing on the fast path but ``call_later``."""
+
+    __slots__ = ("turn", "task", "handle", "probe", "tripped")
+
+    def __init__(self, turn: Turn, task: asyncio.Task[Any]) -> None:
+        self.turn = turn
+        self.task = task
+        self.tripped: str | None = None
+        self.probe: asyncio.Task[None] | None = None
+        self.handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            turn.ticket.model.timeouts.idle, self._fire
+        )
+
+    def _fire(self) -> None:
+        self.handle = None
+        self.probe = asyncio.get_running_loop().create_task(self._check())
+
+    async def _check(self) -> None:
+        model = self.turn.ticket.model
+        if await probe_health(model):
+            self.handle = asyncio.get_running_loop().call_later(model.timeouts.idle, self._fire)
+            return
+        self.tripped = (
+            f"model {model.id!r} sent nothing for {model.timeouts.idle:g}s and failed its health check"
+        )
+        self.task.cancel()
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        if self.probe is not None and not self.probe.done():
+            self.probe.cancel()
+
+
+async def probe_health(model: ModelConfig) -> bool:
+    """Does the model answer its health check (200) within a few seconds?"""
+    if model.check_endpoint is None:
+        return True
+    url = model.proxy.rstrip("/") + "/" + model.check_endpoint.lstrip("/")
+    try:
+        response = await runtime.current().upstreams.client().get(url, timeout=HEALTH_PROBE_TIMEOUT)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+async def _went_silent(turn: Turn, what: str) -> str:
+    """The model sent no byte of an answer for ``idle`` seconds: note a 504, and stop the
+    model (via the turn's end) if it also fails its health check."""
+    model = turn.ticket.model
+    message = f"model {model.id!r} sent nothing for {model.timeouts.idle:g}s in {what} (timeouts.idle)"
+    turn.note(Outcome.FAILED, 504, message)
+    if not await probe_health(model):
+        turn.unhealthy = True
+    return message
+
+
+async def _stream(turn: Turn, upstream: httpx.Response) -> AsyncIterator[bytes]:
+    """Relay the upstream's bytes as they arrive: no re-splitting, no parsing per chunk.
+
+    A client that leaves cancels this generator; the handler then ends the turn as
+    cancelled. Only how the upstream side ended is noted here.
+    """
+    tail = b""
+    yield b""  # daphne sends the headers with the first body write: send them now
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+            tail = (tail + chunk)[-STREAM_TAIL:] if len(chunk) < STREAM_TAIL else chunk[-STREAM_TAIL:]
+    except httpx.ReadTimeout:
+        await _went_silent(turn, "its stream")  # the stream ends without [DONE]
+        return
+    except httpx.HTTPError as exc:
+        # The model died mid-stream: end the response without [DONE].
+        turn.note(Outcome.FAILED, upstream.status_code, f"stream broken: {type(exc).__name__}: {exc}")
+        return
+    _note_stream_usage(turn.ticket, tail)
+    turn.note(Outcome.COMPLETED, upstream.status_code)
+    await turn.close()
+
+
+def _note_usage(ticket: Ticket, content: bytes) -> None:
+    if len(content) > 1 << 20:
+        return
+    try:
+        data = json.loads(content)
+    except (ValueError, RecursionError):
+        return
+    if isinstance(data, dict):
+        _keep_usage(ticket, data)
+
+
+def _note_stream_usage(ticket: Ticket, tail: bytes) -> None:
+    """usage and timings from the last events of a stream (llama-server sends them last)."""
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data: {"):
+            try:
+                data = json.loads(line[6:])
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(data, dict) and _keep_usage(ticket, data):
+                return
+
+
+def _keep_usage(ticket: Ticket, data: dict[str, Any]) -> bool:
+    found = False
+    for key in ("usage", "timings"):
+        value = data.get(key)
+        if isinstance(value, dict):
+            ticket.extra[key] = value
+            found = True
+    return found
