@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from scheduler.dispatcher import Outcome
 from scheduler.policy import Term
 from scheduler.priority import BANDS, band_of
 from scheduler.process import ModelState
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from scheduler.dispatcher import Dispatcher, Ticket
 
 TERMS: tuple[Term, ...] = (Term.AGING, Term.SWAP_AFFINITY)
-OUTCOMES = ("completed", "failed", "cancelled_waiting", "cancelled_running", "rejected")
+OUTCOMES = tuple(outcome.value for outcome in Outcome)
 
 QUEUE_DEPTH = "llamaswap_scheduler_queue_depth"
 QUEUE_OLDEST_WAIT = "llamaswap_scheduler_queue_oldest_wait_seconds"

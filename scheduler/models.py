@@ -21,6 +21,8 @@ class RecordOutcome(models.TextChoices):
     CANCELLED_WAITING = "cancelled_waiting"
     CANCELLED_RUNNING = "cancelled_running"
     REJECTED = "rejected"
+    QUEUE_FULL = "queue_full"
+    EXPIRED = "expired"
 
 
 class RequestRecord(models.Model):

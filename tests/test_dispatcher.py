@@ -12,7 +12,15 @@ import dataclasses
 import pytest
 
 from scheduler.config import parse_config
-from scheduler.dispatcher import Dispatcher, Outcome, Overloaded, ShuttingDown, TicketState
+from scheduler.dispatcher import (
+    Dispatcher,
+    Outcome,
+    Overloaded,
+    QueueFull,
+    ShuttingDown,
+    TicketState,
+    WaitExpired,
+)
 from scheduler.policy import SchedulerSettings
 from scheduler.process import ModelStartError, ModelState
 from scheduler.testing import FakeProcessFactory
@@ -313,3 +321,150 @@ async def test_preload_loads_the_model_at_start():
 def test_settings_validation_is_the_core_one():
     with pytest.raises(ValueError):
         SchedulerSettings.create(swap_affinity_bonus=100)
+
+
+# -- a turn always ends; a replaced process is gone before its successor starts ---------
+
+
+def started_after_stopped(journal, old: str, new: str) -> bool:
+    """In ``journal``, the last stop of ``old`` completed before the last start of ``new``."""
+    stopped = max(i for i, e in enumerate(journal) if e == ("stopped", old))
+    started = max(i for i, e in enumerate(journal) if e == ("start", new))
+    return stopped < started
+
+
+@pytest.mark.parametrize("successor", ["other", "same"])
+async def test_ttl_unload_is_reaped_before_the_next_start(successor):
+    # A slow stop (a big model freeing VRAM) must finish before anything else starts:
+    # else two models share the GPU for a moment, or the same one finds its port taken.
+    factory = FakeProcessFactory(stop_delay=0.2)
+    recorder = Recorder()
+    config = make_config("a", "b")
+    a = dataclasses.replace(config.models["a"], ttl=0.01)
+    config = dataclasses.replace(config, models={**config.models, "a": a})
+    d = Dispatcher(config, process_factory=factory, observers=[recorder])
+    await d.start()
+    try:
+        t = d.submit(a, 0, "1", "/v1/completions")
+        await granted(t)
+        d.finish(t, Outcome.COMPLETED, 200)
+        async with asyncio.timeout(2):
+            await recorder.wait_state("a", ModelState.STOPPING)
+        name = "a" if successor == "same" else "b"
+        nxt = d.submit(config.models[name], 0, "2", "/v1/completions")
+        await granted(nxt)
+        assert started_after_stopped(factory.journal, "a", name)
+    finally:
+        await d.stop(grace=0)
+
+
+async def test_unload_waits_for_the_stop_and_the_next_start_waits_for_it(world):
+    d, factory, rec = await world("a", "b", factory=FakeProcessFactory(stop_delay=0.1))
+    t = submit(d, "a", 0, "1")
+    await granted(t)
+    d.finish(t, Outcome.COMPLETED, 200)
+    unloading = asyncio.create_task(d.unload())
+    await settle()
+    nxt = submit(d, "b", 0, "2")
+    await granted(nxt)
+    await unloading
+    assert started_after_stopped(factory.journal, "a", "b")
+
+
+async def test_unload_during_a_load_unloads_the_model_being_loaded(world):
+    factory = FakeProcessFactory()
+    factory.configure("m", hold_start=True)
+    d, _, rec = await world("m", factory=factory)
+    loading = submit(d, "m", 0, "1")
+    await settle()
+    assert loading.state is TicketState.LOADING
+    async with asyncio.timeout(2):
+        await d.unload()
+    with pytest.raises(ModelStartError):
+        await granted(loading)
+    assert factory.processes["m"].state is ModelState.STOPPED
+    assert ("ready", "m") not in factory.journal
+    assert loading.outcome is Outcome.FAILED and loading.status == 503
+    await settle()
+    assert d.in_flight() == [] and len(d.queue) == 0
+
+
+async def test_a_failed_start_fails_all_its_waiters_at_once_and_others_go_on(world):
+    factory = FakeProcessFactory()
+    factory.configure("bad", start_error="health check timed out", start_delay=0.05)
+    d, _, rec = await world("bad", "ok", factory=factory)
+    bad = [submit(d, "bad", 0, f"bad{i}") for i in range(3)]
+    ok = submit(d, "ok", -100, "ok")  # lowest priority: picked only after every bad one
+    for ticket in bad:
+        with pytest.raises(ModelStartError):
+            await granted(ticket, timeout=1)
+    await granted(ok)
+    assert factory.journal.count(("start", "bad")) == 1  # one start for all three
+    assert all(t.outcome is Outcome.FAILED and t.status == 503 for t in bad)
+
+
+async def test_a_load_whose_waiters_all_left_is_abandoned_when_other_work_waits(world):
+    factory = FakeProcessFactory()
+    factory.configure("big", hold_start=True)
+    d, _, rec = await world("big", "small", factory=factory)
+    leaver = submit(d, "big", 100, "leaver")
+    await settle()
+    assert leaver.state is TicketState.LOADING
+    other = submit(d, "small", 0, "other")
+    await settle()
+    d.cancel(leaver)
+    await granted(other)  # not held behind a load nobody waits for
+    assert ("ready", "big") not in factory.journal
+    assert started_after_stopped(factory.journal + [("stopped", "big")], "big", "small") or (
+        "start_failed",
+        "big",
+    ) in factory.journal
+
+
+async def test_max_queue_depth_refuses_with_429_and_an_estimate(world):
+    d, factory, rec = await world("m", maxQueueDepth=2)
+    running = submit(d, "m", 0, "running")
+    await granted(running)
+    waiting = [submit(d, "m", 0, f"w{i}") for i in range(2)]
+    refused = submit(d, "m", 100, "refused")
+    with pytest.raises(QueueFull) as error:
+        await granted(refused)
+    assert error.value.status == 429 and error.value.retry_after >= 1
+    assert refused.outcome is Outcome.QUEUE_FULL and refused.status == 429
+    assert all(t.state is TicketState.WAITING for t in waiting)
+    assert ("finish", "refused") in rec.events
+
+
+async def test_max_wait_expires_a_waiting_request_of_its_band_only(world):
+    d, factory, rec = await world("m", maxWait={"batch": 0.05})
+    running = submit(d, "m", 0, "running")
+    await granted(running)
+    batch = submit(d, "m", -100, "batch")
+    normal = submit(d, "m", 0, "normal")
+    with pytest.raises(WaitExpired) as error:
+        await granted(batch, timeout=1)
+    assert error.value.status == 503 and error.value.retry_after >= 1
+    assert batch.outcome is Outcome.EXPIRED and batch.decision is None
+    assert normal.state is TicketState.WAITING
+    d.finish(running, Outcome.COMPLETED, 200)
+    await granted(normal)
+
+
+async def test_a_ticket_whose_owner_vanished_is_ended_by_the_dispatcher(world, caplog):
+    # The backstop: a request object dropped with its turn open (a bug on some exit
+    # path) costs an error line, not the GPU.
+    d, factory, rec = await world("m")
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    lost = d.submit(d.config.models["m"], 0, "lost", "/v1/completions", owner=owner)
+    await granted(lost)
+    nxt = submit(d, "m", 0, "next")
+    await settle()
+    assert nxt.state is TicketState.WAITING
+    del owner
+    await granted(nxt)
+    assert lost.outcome is Outcome.FAILED
+    assert "turn abandoned" in caplog.text
