@@ -80,8 +80,12 @@ class ProxyHandler(ASGIHandler):
         # Cancel the view when the client disconnects (Django's own behaviour).
         listener = asyncio.create_task(self.listen_for_disconnect(receive))
         worker = asyncio.create_task(process_request())
+        cancelled = False
         try:
             await asyncio.wait((listener, worker), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            cancelled = True  # the server gave up on the request: as good as a disconnect
+            raise
         finally:
             # Also when this handler itself is cancelled (the server gave up on the
             # request): nothing below may be skipped.
@@ -91,6 +95,9 @@ class ProxyHandler(ASGIHandler):
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait((listener, worker))
             disconnected = listener.done() and not listener.cancelled()
+            if disconnected:
+                listener.exception()  # retrieved (RequestAborted): no "never retrieved" log
+            disconnected = disconnected or cancelled
             error = None
             if worker.cancelled():
                 error = asyncio.CancelledError()

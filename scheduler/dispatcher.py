@@ -745,6 +745,10 @@ class Dispatcher:
     def _on_finished(self, ticket: Ticket) -> None:
         if ticket.state is TicketState.DONE:
             return
+        if ticket.state is TicketState.WAITING:
+            # Its request failed before its turn came: it leaves the queue, undispatched.
+            self._on_gone(ticket)
+            return
         self._end_turn(ticket)
         self._update_idle()
 

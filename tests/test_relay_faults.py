@@ -1,0 +1,303 @@
+"""Every turn ends, whatever happens: faults injected at every await point of a request's life.
+
+The real ASGI application (the lean proxy handler, the views, the relay, the dispatcher
+task) runs in-process; the model process is the in-memory fake and the model's HTTP server
+an httpx transport that stops at each await point a request passes (connecting, headers,
+each chunk, closing) until the test has injected its fault there. For every point and
+every fault, a user would notice three things, and the test asserts them: the next request
+is served within a second, the request's record shows the outcome its client saw, and the
+dispatcher is idle afterwards (nothing waiting, nothing in flight).
+
+tests/test_e2e_proxy.py backs these fakes with real processes and sockets (a crash
+mid-stream, a disconnect while streaming, a disconnect while queued).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.parse
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from proxy.turn import Turn
+from proxy.upstream import Upstreams
+from scheduler import runtime
+from scheduler.config import parse_config
+from scheduler.dispatcher import Dispatcher, Outcome
+from scheduler.testing import FakeProcessFactory
+
+pytestmark = pytest.mark.timeout(20)
+
+POINTS = ("queued", "loading", "connecting", "headers", "chunk", "closing", "after")
+FAULTS = ("disconnect", "cancel", "exception", "reset")
+
+
+class Upstream(httpx.AsyncBaseTransport):
+    """The model's HTTP server. ``hold`` names the point where the next request stops until
+    :meth:`release`; ``fault`` is raised there on release (``"exception"``: a bug,
+    ``"reset"``: the connection reset by the model)."""
+
+    def __init__(self) -> None:
+        self.hold: str | None = None
+        self.fault: str | None = None
+        self.reached = asyncio.Event()
+        self._release = asyncio.Event()
+        self.requests = 0
+
+    def release(self) -> None:
+        self._release.set()
+
+    async def point(self, name: str) -> None:
+        if self.hold != name:
+            return
+        self.hold = None  # one request only
+        self.reached.set()
+        await self._release.wait()
+        fault, self.fault = self.fault, None
+        if fault == "exception":
+            raise RuntimeError(f"injected at {name}")
+        if fault == "reset":
+            raise httpx.ReadError(f"connection reset at {name}")
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        await self.point("connecting")
+        stream = json.loads(request.content or b"{}").get("stream", False)
+        if stream:
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Body(self, True))
+        return httpx.Response(200, headers={"content-type": "application/json"}, stream=_Body(self, False))
+
+
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, upstream: Upstream, stream: bool) -> None:
+        self.upstream = upstream
+        self.stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        await self.upstream.point("headers")
+        if self.stream:
+            for i in range(3):
+                yield f'data: {{"n": {i}}}\n\n'.encode()
+                if i == 1:
+                    await self.upstream.point("chunk")
+            yield b"data: [DONE]\n\n"
+        else:
+            yield b'{"choices": '
+            await self.upstream.point("chunk")
+            yield b'[], "usage": {"total_tokens": 3}}'
+
+    async def aclose(self) -> None:
+        await self.upstream.point("closing")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.finished: dict[str, Outcome | None] = {}
+
+    def on_enqueue(self, ticket): ...
+    def on_dispatch(self, ticket): ...
+    def on_model_state(self, model, state): ...
+    def on_settings(self, settings, source): ...
+
+    def on_finish(self, ticket):
+        self.finished[ticket.request_id] = ticket.outcome
+
+
+class Call:
+    """One HTTP request driven through the ASGI app the way daphne drives it."""
+
+    def __init__(self, app, path: str, body: bytes, method: str = "POST") -> None:
+        self.disconnect = asyncio.Event()
+        self.status: int | None = None
+        self.body = b""
+        self.complete = asyncio.Event()
+        self.headers: dict[bytes, bytes] = {}
+        self.send_fault: str | None = None
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": urllib.parse.unquote(path.split("?")[0]),
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [
+                (b"host", b"127.0.0.1:8080"),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8080),
+        }
+        self._body = body
+        self.task = asyncio.create_task(app(scope, self._receive, self._send))
+
+    async def _receive(self):
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self.disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def _send(self, message):
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = {k.lower(): v for k, v in message["headers"]}
+        elif message["type"] == "http.response.body":
+            self.body += message.get("body", b"")
+            if not message.get("more_body", False):
+                self.complete.set()
+
+    @property
+    def request_id(self) -> str:
+        return self.headers[b"x-llamaswap-request-id"].decode()
+
+    async def done(self, timeout: float = 2.0) -> None:
+        async with asyncio.timeout(timeout):
+            await asyncio.wait({self.task})
+
+
+def chat(stream: bool) -> bytes:
+    return json.dumps({"model": "m", "stream": stream, "messages": []}).encode()
+
+
+@pytest.fixture
+async def proxy():
+    from llamaswap_site.asgi import application
+
+    config = parse_config({"models": {"m": {"cmd": "fake", "proxy": "http://model.invalid:9000"}}})
+    factory = FakeProcessFactory()
+    recorder = Recorder()
+    dispatcher = Dispatcher(config, process_factory=factory, observers=[recorder])
+    upstream = Upstream()
+    upstreams = Upstreams(size=1, transport=upstream)
+    runtime.install(runtime.Runtime(config, dispatcher, upstreams))
+    await dispatcher.start()
+    world = type("World", (), {})()
+    world.app, world.dispatcher, world.upstream, world.factory, world.recorder = (
+        application, dispatcher, upstream, factory, recorder,
+    )
+    try:
+        yield world
+    finally:
+        await dispatcher.stop(grace=0)
+        await upstreams.aclose()
+        runtime.install(None)
+
+
+async def idle(dispatcher: Dispatcher) -> None:
+    for _ in range(20):
+        await asyncio.sleep(0)
+        if not dispatcher.in_flight() and not len(dispatcher.queue):
+            return
+    raise AssertionError(f"dispatcher not idle: {dispatcher.in_flight()} {len(dispatcher.queue)}")
+
+
+def expected(point: str, fault: str) -> Outcome:
+    """What the record of the faulted request must say."""
+    if point == "after":
+        return Outcome.COMPLETED  # it had been answered in full
+    if fault in ("disconnect", "cancel"):
+        return Outcome.CANCELLED_WAITING if point == "queued" else Outcome.CANCELLED_RUNNING
+    return Outcome.FAILED
+
+
+CASES = [
+    (point, fault, stream)
+    for point in POINTS
+    for fault in FAULTS
+    for stream in (True, False)
+    # A reset is the model's: it can happen only where the model is talking.
+    if not (fault == "reset" and point in ("queued", "loading", "after"))
+]
+
+
+@pytest.mark.parametrize(("point", "fault", "stream"), CASES)
+async def test_a_fault_at_any_point_ends_the_turn(proxy, monkeypatch, point, fault, stream):
+    upstream, dispatcher, factory = proxy.upstream, proxy.dispatcher, proxy.factory
+    blocker = None
+    if point == "queued":
+        # Someone else is being served; the victim waits in the queue behind them.
+        upstream.hold = "connecting"
+        blocker = Call(proxy.app, "/v1/chat/completions", chat(False))
+        async with asyncio.timeout(2):
+            await upstream.reached.wait()
+        if fault == "exception":
+            gate = asyncio.Event()
+
+            async def broken_wait(self):
+                gate.set()
+                raise RuntimeError("injected while queued")
+
+            monkeypatch.setattr(Turn, "wait", broken_wait)
+    elif point == "loading":
+        factory.configure("m", hold_start=True, start_error="injected" if fault == "exception" else None)
+    elif point != "after":
+        upstream.hold = point
+        upstream.fault = fault if fault in ("exception", "reset") else None
+
+    victim = Call(proxy.app, "/v1/chat/completions", chat(stream))
+
+    # Let the victim reach the point.
+    async with asyncio.timeout(2):
+        if point == "queued":
+            while not len(dispatcher.queue) and not victim.task.done():
+                await asyncio.sleep(0)
+        elif point == "loading":
+            while not dispatcher.in_flight():
+                await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        elif point == "after":
+            await victim.complete.wait()
+        else:
+            await upstream.reached.wait()
+
+    # Inject the fault; a client that leaves is noticed where the request stands.
+    if fault == "disconnect":
+        victim.disconnect.set()
+        await victim.done()
+    elif fault == "cancel":
+        victim.task.cancel()  # the server gives up on the request (daphne's timeout)
+        await victim.done()
+    if point == "loading":
+        factory.processes["m"].release()
+    elif point not in ("queued", "after"):
+        upstream.release()
+    await victim.done()
+    if blocker is not None:
+        monkeypatch.undo()
+        upstream.release()
+        await blocker.done()
+    factory.configure("m", hold_start=False, start_error=None)
+
+    # The next request is served, at once.
+    nxt = Call(proxy.app, "/v1/chat/completions", chat(stream))
+    async with asyncio.timeout(1):
+        await nxt.task
+    assert nxt.status == 200, nxt.body
+    await idle(dispatcher)
+    # The record of the faulted request says what its client saw.
+    outcomes = {rid: o for rid, o in proxy.recorder.finished.items() if rid != nxt.request_id}
+    if blocker is not None:
+        outcomes.pop(blocker.request_id)
+    assert list(outcomes.values()) == [expected(point, fault)], outcomes
+    if victim.status not in (None, 200):
+        assert "error" in json.loads(victim.body)  # an OpenAI-shaped error, not an HTML page
+
+
+async def test_a_malformed_upstream_url_is_refused_before_it_takes_a_turn(proxy):
+    call = Call(proxy.app, "/upstream/m/%01", b"", method="GET")
+    await call.done()
+    assert call.status == 400, call.body
+    assert json.loads(call.body)["error"]["code"] == "invalid_path"
+    nxt = Call(proxy.app, "/v1/chat/completions", chat(False))
+    async with asyncio.timeout(1):
+        await nxt.task
+    assert nxt.status == 200
+    await idle(proxy.dispatcher)
+    assert list(proxy.recorder.finished) == [nxt.request_id]  # never queued
