@@ -273,6 +273,31 @@ def test_model_crash_mid_stream_ends_without_done_and_restarts(tmp_path):
         assert again.status_code == 200
 
 
+def test_the_request_queued_behind_a_crash_gets_a_restarted_model_not_a_502(tmp_path):
+    # The crashed process's exit may not be reaped when the next request is granted: the
+    # refused connection must lead to a restart and one resend, not to a 502.
+    port = free_port_block(1)
+    with serve(tmp_path, {"m": fake_model(port)}) as server:
+
+        async def scenario():
+            url = server.url + "/v1/chat/completions"
+            crash = chat("m", "crash", stream=True, fake_tokens=50, fake_tokens_per_second=50, fake_crash_after=5)
+            async with httpx.AsyncClient(timeout=30) as client:
+                async with client.stream("POST", url, json=crash) as r:
+                    chunks = r.aiter_bytes()
+                    await anext(chunks)
+                    behind = asyncio.create_task(client.post(url, json=chat("m", "behind")))
+                    await asyncio.to_thread(server.wait_queue, 1)
+                    async for _ in chunks:
+                        pass
+                return await behind
+
+        behind = asyncio.run(scenario())
+        assert behind.status_code == 200, behind.text
+        tags = [r["body"]["messages"][0]["content"] for r in fake_requests(port)]
+        assert tags[-1] == "behind"
+
+
 def test_model_that_exits_at_start_fails_with_503_naming_it(tmp_path):
     broken = {"cmd": f"{sys.executable} -c 'import sys; sys.exit(3)'", "proxy": "http://127.0.0.1:9"}
     port = free_port_block(1)
