@@ -169,7 +169,7 @@ async def _send(
             continue
         if timeouts.idle:
             # From here on each read of the body may wait ``idle`` seconds. httpcore reads
-            # this dict when the body's first read starts (tests/test_relay_faults.py
+            # this dict when the body's first read starts (tests/test_relay_timeouts.py
             # fails if that changes).
             request.extensions["timeout"]["read"] = timeouts.idle
         return response

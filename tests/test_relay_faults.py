@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.parse
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
 from proxy.turn import Turn
-from proxy.upstream import Upstreams
-from scheduler import runtime
 from scheduler.config import parse_config
 from scheduler.dispatcher import Dispatcher, Outcome
-from scheduler.testing import FakeProcessFactory
+from tests.asgi import Call, in_process
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -93,101 +90,17 @@ class _Body(httpx.AsyncByteStream):
         await self.upstream.point("closing")
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.finished: dict[str, Outcome | None] = {}
-
-    def on_enqueue(self, ticket): ...
-    def on_dispatch(self, ticket): ...
-    def on_model_state(self, model, state): ...
-    def on_settings(self, settings, source): ...
-
-    def on_finish(self, ticket):
-        self.finished[ticket.request_id] = ticket.outcome
-
-
-class Call:
-    """One HTTP request driven through the ASGI app the way daphne drives it."""
-
-    def __init__(self, app, path: str, body: bytes, method: str = "POST") -> None:
-        self.disconnect = asyncio.Event()
-        self.status: int | None = None
-        self.body = b""
-        self.complete = asyncio.Event()
-        self.headers: dict[bytes, bytes] = {}
-        self.send_fault: str | None = None
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": method,
-            "scheme": "http",
-            "path": urllib.parse.unquote(path.split("?")[0]),
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": [
-                (b"host", b"127.0.0.1:8080"),
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-            "client": ("127.0.0.1", 50000),
-            "server": ("127.0.0.1", 8080),
-        }
-        self._body = body
-        self.task = asyncio.create_task(app(scope, self._receive, self._send))
-
-    async def _receive(self):
-        if self._body is not None:
-            body, self._body = self._body, None
-            return {"type": "http.request", "body": body, "more_body": False}
-        await self.disconnect.wait()
-        return {"type": "http.disconnect"}
-
-    async def _send(self, message):
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            self.headers = {k.lower(): v for k, v in message["headers"]}
-        elif message["type"] == "http.response.body":
-            self.body += message.get("body", b"")
-            if not message.get("more_body", False):
-                self.complete.set()
-
-    @property
-    def request_id(self) -> str:
-        return self.headers[b"x-llamaswap-request-id"].decode()
-
-    async def done(self, timeout: float = 2.0) -> None:
-        async with asyncio.timeout(timeout):
-            await asyncio.wait({self.task})
-
-
 def chat(stream: bool) -> bytes:
     return json.dumps({"model": "m", "stream": stream, "messages": []}).encode()
 
 
 @pytest.fixture
 async def proxy():
-    from llamaswap_site.asgi import application
-
     config = parse_config({"models": {"m": {"cmd": "fake", "proxy": "http://model.invalid:9000"}}})
-    factory = FakeProcessFactory()
-    recorder = Recorder()
-    dispatcher = Dispatcher(config, process_factory=factory, observers=[recorder])
     upstream = Upstream()
-    upstreams = Upstreams(size=1, transport=upstream)
-    runtime.install(runtime.Runtime(config, dispatcher, upstreams))
-    await dispatcher.start()
-    world = type("World", (), {})()
-    world.app, world.dispatcher, world.upstream, world.factory, world.recorder = (
-        application, dispatcher, upstream, factory, recorder,
-    )
-    try:
+    async with in_process(config, transport=upstream) as world:
+        world.upstream = upstream
         yield world
-    finally:
-        await dispatcher.stop(grace=0)
-        await upstreams.aclose()
-        runtime.install(None)
 
 
 async def idle(dispatcher: Dispatcher) -> None:

@@ -1,0 +1,115 @@
+"""The real ASGI application in-process, driven the way daphne drives it.
+
+:func:`in_process` installs a runtime (config, a dispatcher over in-memory model processes,
+upstream clients over the given httpx transport, or real sockets when none is given) and
+yields the pieces; :class:`Call` is one HTTP request through the app, with a client that
+can disconnect at any moment (ASGI ``http.disconnect``), as a browser or SDK would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import types
+import urllib.parse
+from collections.abc import AsyncIterator
+
+import httpx
+
+from proxy.upstream import Upstreams
+from scheduler import runtime
+from scheduler.config import Config
+from scheduler.dispatcher import Dispatcher, Outcome
+from scheduler.testing import FakeProcessFactory
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.finished: dict[str, Outcome | None] = {}
+
+    def on_enqueue(self, ticket): ...
+    def on_dispatch(self, ticket): ...
+    def on_model_state(self, model, state): ...
+    def on_settings(self, settings, source): ...
+
+    def on_finish(self, ticket):
+        self.finished[ticket.request_id] = ticket.outcome
+
+
+class Call:
+    """One HTTP request driven through the ASGI app the way daphne drives it."""
+
+    def __init__(self, app, path: str, body: bytes, method: str = "POST") -> None:
+        self.disconnect = asyncio.Event()
+        self.status: int | None = None
+        self.body = b""
+        self.complete = asyncio.Event()
+        self.headers: dict[bytes, bytes] = {}
+        self.send_fault: str | None = None
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": urllib.parse.unquote(path.split("?")[0]),
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [
+                (b"host", b"127.0.0.1:8080"),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            "client": ("127.0.0.1", 50000),
+            "server": ("127.0.0.1", 8080),
+        }
+        self._body = body
+        self.task = asyncio.create_task(app(scope, self._receive, self._send))
+
+    async def _receive(self):
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self.disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def _send(self, message):
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.headers = {k.lower(): v for k, v in message["headers"]}
+        elif message["type"] == "http.response.body":
+            self.body += message.get("body", b"")
+            if not message.get("more_body", False):
+                self.complete.set()
+
+    @property
+    def request_id(self) -> str:
+        return self.headers[b"x-llamaswap-request-id"].decode()
+
+    async def done(self, timeout: float = 2.0) -> None:
+        async with asyncio.timeout(timeout):
+            await asyncio.wait({self.task})
+
+
+
+@contextlib.asynccontextmanager
+async def in_process(
+    config: Config, transport: httpx.AsyncBaseTransport | None = None, **factory_options
+) -> AsyncIterator[types.SimpleNamespace]:
+    from llamaswap_site.asgi import application
+
+    factory = FakeProcessFactory(**factory_options)
+    recorder = Recorder()
+    dispatcher = Dispatcher(config, process_factory=factory, observers=[recorder])
+    upstreams = Upstreams(size=1, transport=transport)
+    runtime.install(runtime.Runtime(config, dispatcher, upstreams))
+    await dispatcher.start()
+    try:
+        yield types.SimpleNamespace(
+            app=application, dispatcher=dispatcher, factory=factory, recorder=recorder
+        )
+    finally:
+        await dispatcher.stop(grace=0)
+        await upstreams.aclose()
+        runtime.install(None)
