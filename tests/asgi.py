@@ -39,38 +39,55 @@ class Recorder:
 class Call:
     """One HTTP request driven through the ASGI app the way daphne drives it."""
 
-    def __init__(self, app, path: str, body: bytes, method: str = "POST") -> None:
+    def __init__(
+        self,
+        app,
+        path: str,
+        body: bytes,
+        method: str = "POST",
+        *,
+        content_type: bytes = b"application/json",
+        chunk: int | None = None,
+        announce_length: bool = True,
+        stall_after: int | None = None,
+        headers: list[tuple[bytes, bytes]] = (),
+    ) -> None:
+        """``chunk``: send the body in pieces of this size; ``stall_after``: stop sending
+        after that many pieces (a client that announced more than it sends)."""
         self.disconnect = asyncio.Event()
         self.status: int | None = None
         self.body = b""
         self.complete = asyncio.Event()
         self.headers: dict[bytes, bytes] = {}
-        self.send_fault: str | None = None
+        path_part, _, query = path.partition("?")
+        request_headers = [(b"host", b"127.0.0.1:8080"), (b"content-type", content_type), *headers]
+        if announce_length:
+            request_headers.append((b"content-length", str(len(body)).encode()))
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},
             "http_version": "1.1",
             "method": method,
             "scheme": "http",
-            "path": urllib.parse.unquote(path.split("?")[0]),
-            "raw_path": path.encode(),
-            "query_string": b"",
+            "path": urllib.parse.unquote(path_part),
+            "raw_path": path_part.encode(),
+            "query_string": query.encode(),
             "root_path": "",
-            "headers": [
-                (b"host", b"127.0.0.1:8080"),
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
+            "headers": request_headers,
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 8080),
         }
-        self._body = body
+        size = chunk or max(1, len(body))
+        self._pieces = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
+        self._stall_after = stall_after
+        self._sent = 0
         self.task = asyncio.create_task(app(scope, self._receive, self._send))
 
     async def _receive(self):
-        if self._body is not None:
-            body, self._body = self._body, None
-            return {"type": "http.request", "body": body, "more_body": False}
+        if self._pieces and (self._stall_after is None or self._sent < self._stall_after):
+            piece = self._pieces.pop(0)
+            self._sent += 1
+            return {"type": "http.request", "body": piece, "more_body": bool(self._pieces)}
         await self.disconnect.wait()
         return {"type": "http.disconnect"}
 
