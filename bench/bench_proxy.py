@@ -62,6 +62,8 @@ STREAM_TOKENS = 20_000
 STREAM_RUNS = 3
 WAITING = 10_000
 CONNECT_BATCH = 40
+BIG_WAITING = 200
+BIG_BODY = 1_000_000
 """Connections opened at once, then wait until the server has queued them: below daphne's
 listen backlog (Twisted's default, 50), whose overflow drops SYNs that the kernel retries
 a second later."""
@@ -74,6 +76,7 @@ TARGETS = {
     "rps": 450.0,
     "chunks_per_s": 30_000.0,
     "kb_per_waiting": 25.0,
+    "mb_per_big_waiting": 1.1,
     "health_p99_ms": 5.0,
 }
 
@@ -527,6 +530,43 @@ async def _waiting(server: Server) -> dict:
     return out
 
 
+async def _waiting_big(server: Server) -> dict:
+    """BIG_WAITING requests with a 1 MB body each, queued behind one long request: the
+    memory a waiting request holds should be one copy of its body, not two."""
+    loop = asyncio.get_running_loop()
+    padding = "A" * BIG_BODY  # a base64 image, say
+    raw = post_bytes(server.port, dict(CHAT, messages=[{"role": "user", "content": padding}]))
+    long = socket.create_connection(("127.0.0.1", server.port))
+    long.sendall(post_bytes(server.port, dict(CHAT, fake_delay=PHASE_TIMEOUT_S * 3)))
+    await asyncio.to_thread(server.wait_queue, lambda s: len(s["running"]) == 1, PHASE_TIMEOUT_S)
+    gc.collect()
+    await asyncio.sleep(0.5)
+    out = {"rss_before": rss_kb(server.pid), "body_bytes": len(raw)}
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(BIG_WAITING):
+            s = socket.socket()
+            s.setblocking(False)
+            await loop.sock_connect(s, ("127.0.0.1", server.port))
+            await loop.sock_sendall(s, raw)
+            socks.append(s)
+        state, _ = await asyncio.to_thread(
+            server.wait_queue, lambda s: s["depth"] >= len(socks), PHASE_TIMEOUT_S
+        )
+        out["depth"] = state["depth"]
+        await asyncio.sleep(1.0)
+        out["rss_during"] = rss_kb(server.pid)
+    finally:
+        for s in socks:
+            s.close()
+        long.close()
+    await asyncio.to_thread(
+        server.wait_queue, lambda s: s["depth"] == 0 and not s["running"], PHASE_TIMEOUT_S
+    )
+    out["waiting"] = len(socks)
+    return out
+
+
 # -- the report ------------------------------------------------------------------------------
 
 
@@ -601,6 +641,8 @@ def main() -> str:
             f"    {wait['waiting']:,} queued in {wait['queued_s']:.1f} s; drained in "
             f"{wait['drain_s']:.1f} s"
         )
+        print(f"  {BIG_WAITING} waiting with a 1 MB body each ...")
+        wait["big"] = asyncio.run(_waiting_big(serial))
         serial.stop()
         servers.remove(serial)
     finally:
@@ -706,6 +748,8 @@ def report(
     )
     header = ["measure", "direct", "through the proxy", "added (ratio)", "target", ""]
 
+    big = wait["big"]
+    big_mb = (big["rss_during"] - big["rss_before"]) / 1024 / max(big["waiting"], 1)
     n = wait["waiting"]
     per_kb = (wait["rss_during"] - wait["rss_before"]) / max(n, 1)
     h_idle = [quantile_us(wait["health_idle"], q) / 1000 for q in (0.5, 0.99)]
@@ -734,6 +778,14 @@ def report(
             f"≤ {t['kb_per_waiting']:g}",
             verdict(per_kb <= t["kb_per_waiting"]),
         ],
+        [
+            f"memory per waiting request with a {big['body_bytes'] / 1e6:.1f} MB body, MB "
+            f"({big['waiting']} waiting)",
+            "",
+            f"{big_mb:.2f}",
+            f"≤ {t['mb_per_big_waiting']:g}",
+            verdict(big_mb <= t["mb_per_big_waiting"]),
+        ],
         ["`/health` p50 ms", f_ms(h_idle[0]), f_ms(h_busy[0]), "", ""],
         [
             "`/health` p99 ms",
@@ -753,6 +805,7 @@ def report(
     checks += [
         ("threads", extra_threads < 16),
         ("memory", per_kb <= t["kb_per_waiting"]),
+        ("memory, 1 MB bodies", big_mb <= t["mb_per_big_waiting"]),
         ("/health", h_busy[1] <= t["health_p99_ms"]),
         ("drain", wait["drained_depth"] == 0 and wait["drained_running"] == 0),
     ]

@@ -58,6 +58,9 @@ async def relay(
         url = httpx.URL(model.proxy.rstrip("/") + path + (f"?{query}" if query else ""))
     except (httpx.InvalidURL, ValueError) as exc:
         return error_response(400, f"invalid path: {exc}", code="invalid_path", request_id=request_id)
+    # A parsed multipart form holds copies of its files: only the raw body is sent on.
+    request.__dict__.pop("_post", None)
+    request.__dict__.pop("_files", None)
     turn = Turn(
         runtime.current().dispatcher,
         model,
