@@ -4,9 +4,12 @@
 walks the same :class:`~scheduler.process.ModelState` transitions, with no subprocess and no
 socket. A start can be made slow (``start_delay``), held until the test says so
 (``hold_start`` / :meth:`FakeModelProcess.release`), or made to fail (``start_error``); a
-READY model can be made to crash (:meth:`FakeModelProcess.crash`). Every effect is recorded
-in ``journal`` as ``(action, model id)`` so a test can assert the order of starts and stops
-across models, the way llama-swap's scheduler tests use a recording fake.
+running model can be made to crash (:meth:`FakeModelProcess.crash`), which, like a real
+process, dies at once but is reported (reaped) only later, from the loop. Every effect is
+recorded in ``journal`` as ``(action, model id)`` so a test can assert the order of starts
+and stops across models, the way llama-swap's scheduler tests use a recording fake.
+``tests/test_fake_process.py`` runs one scenario table against this and the real
+ModelProcess, to keep the two alike.
 
 :class:`FakeProcessFactory` is called like the ``ModelProcess`` class, so the code under test
 can take a process factory and get the real class in production and this in tests.
@@ -21,7 +24,7 @@ import signal
 from typing import Any
 
 from scheduler.config import ModelConfig
-from scheduler.process import ExitCallback, LogBuffer, ModelStartError, ModelState
+from scheduler.process import ExitCallback, LogBuffer, ModelStartError, ModelState, describe_exit
 
 _pids = itertools.count(100_000)
 
@@ -33,10 +36,15 @@ class FakeModelProcess:
       :class:`ModelStartError` (``start_error``, a :meth:`crash` while starting, or
       ``stop()`` meanwhile with cause ``"stopped while starting"``). From READY it returns at
       once; from STARTING it shares the start in progress.
-    * ``stop()`` goes READY -> STOPPING -> STOPPED (STOPPING lasts ``stop_delay``); it is
-      idempotent and abandons a start in progress.
-    * ``exited`` is a fresh event per start, set when the fake process "exits";
-      ``on_exit`` is called only when a READY process crashes.
+    * ``stop()`` goes READY -> STOPPING (at once, synchronously) -> STOPPED; it is idempotent
+      and abandons a start in progress. A live process takes ``stop_delay`` to exit; one
+      that already died (:meth:`crash`) is only waited for until it is reaped.
+    * Death and reaping are two moments, as with an OS process: :meth:`crash` makes
+      :attr:`alive` False at once, and the exit is reported only later, from the loop
+      (``reap_delay``): then ``exited`` is set, and a process still READY goes STOPPED and
+      ``on_exit`` is called. An exit reported after ``stop()`` was called is the stop's:
+      no ``on_exit``.
+    * ``exited`` is a fresh event per start, set when the fake process has been reaped.
     """
 
     def __init__(
@@ -60,7 +68,9 @@ class FakeModelProcess:
         self.start_error = start_error
         """When set, every start fails with this cause."""
         self.journal: list[tuple[str, str]] = journal if journal is not None else []
-        """``("start" | "ready" | "start_failed" | "stop" | "stopped" | "crash", id)``."""
+        """``(action, id)`` in order. ``"start"``, then ``"ready"`` or ``"start_failed"``;
+        ``"stop"`` (STOPPING) and ``"stopped"``; ``"died"`` when :meth:`crash` kills it and
+        ``"crash"`` when that exit is reported as unexpected (READY, ``on_exit`` called)."""
         self.calls: list[str] = []
         """The public methods called, in order: ``"start"``, ``"stop"``."""
         self._gate = asyncio.Event()
@@ -68,7 +78,13 @@ class FakeModelProcess:
             self._gate.set()
         self._state = ModelState.STOPPED
         self._pid: int | None = None
+        self._alive = False
         self._returncode: int | None = None
+        self._kill_returncode: int | None = None
+        """How the live process ends when a start fails: -SIGTERM after a stop, 1 after
+        ``start_error``; -SIGKILL (a cancelled start) when unset."""
+        self._reaping: asyncio.TimerHandle | None = None
+        self._death_returncode: int | None = None
         self._exited = asyncio.Event()
         self._exited.set()
         self._abort = asyncio.Event()
@@ -99,6 +115,12 @@ class FakeModelProcess:
     def exited(self) -> asyncio.Event:
         return self._exited
 
+    @property
+    def alive(self) -> bool:
+        """The fake OS process exists: from the start until it dies (crash, or the end of a
+        stop), which may be before its exit is reported (``state`` still READY)."""
+        return self._alive
+
     def release(self) -> None:
         """Let a start held by ``hold_start=True`` (this one and later ones) proceed."""
         self._gate.set()
@@ -108,10 +130,30 @@ class FakeModelProcess:
         if self.logs is not None:
             self.logs.write(self.id, f"fake model {action}".encode())
 
-    def _exit(self, returncode: int) -> None:
+    def _reaped(self, returncode: int) -> None:
+        """The process has exited and been reaped: ``returncode`` and ``exited``, no state."""
+        if self._reaping is not None:
+            self._reaping.cancel()
+            self._reaping = None
+        self._alive = False
         self._returncode = returncode
         self._exited.set()
-        self._state = ModelState.STOPPED
+
+    def _report_death(self) -> None:
+        """The loop reaps a process that died on its own, as ModelProcess's watcher does."""
+        self._reaping = None
+        assert self._death_returncode is not None
+        returncode = self._death_returncode
+        self._reaped(returncode)
+        if self._state is ModelState.READY:
+            self._state = ModelState.STOPPED
+            self._record("crash")
+            if self.on_exit is not None:
+                self.on_exit(self)  # type: ignore[arg-type]
+        elif self._state is ModelState.STARTING:
+            self._abort_cause = f"process {describe_exit(returncode)} before becoming healthy"
+            self._abort.set()
+        # STOPPING: the stop in progress sees ``exited`` and finishes.
 
     async def start(self) -> None:
         self.calls.append("start")
@@ -132,13 +174,23 @@ class FakeModelProcess:
         self._abort = asyncio.Event()
         self._exited = asyncio.Event()
         self._returncode = None
+        self._kill_returncode = None
+        self._death_returncode = None
         self._pid = next(_pids)
+        self._alive = True
         self._state = ModelState.STARTING
         self._record("start")
         try:
             await self._start()
         except BaseException as exc:
-            self._exit(-int(signal.SIGKILL) if self._returncode is None else self._returncode)
+            if not self._exited.is_set():
+                if self._alive:  # killed by the failed start's cleanup
+                    killed = self._kill_returncode
+                    self._reaped(-int(signal.SIGKILL) if killed is None else killed)
+                else:  # died already: cleaning up waits for nothing more than the reap
+                    assert self._death_returncode is not None
+                    self._reaped(self._death_returncode)
+            self._state = ModelState.STOPPED
             self._record("start_failed")
             failure = exc if isinstance(exc, ModelStartError) else None
             done.set_exception(failure or ModelStartError(self.id, "start was cancelled"))
@@ -163,7 +215,7 @@ class FakeModelProcess:
         if self._abort.is_set():
             raise ModelStartError(self.id, self._abort_cause)
         if self.start_error is not None:
-            self._returncode = 1
+            self._kill_returncode = 1
             raise ModelStartError(self.id, self.start_error)
 
     async def stop(self) -> None:
@@ -171,37 +223,52 @@ class FakeModelProcess:
         if self._state is ModelState.STARTING:
             assert self._start_done is not None
             self._abort_cause = "stopped while starting"
-            self._returncode = -int(signal.SIGTERM)
+            self._kill_returncode = -int(signal.SIGTERM)
             self._abort.set()
             with contextlib.suppress(ModelStartError):
                 await asyncio.shield(self._start_done)
         if self._state in (ModelState.READY, ModelState.STOPPING):
             if self._stopping is None or self._stopping.done():
+                self._state = ModelState.STOPPING  # at once, like ModelProcess._begin_stop
                 self._stopping = asyncio.create_task(self._stop())
             await asyncio.shield(self._stopping)
 
     async def _stop(self) -> None:
-        self._state = ModelState.STOPPING
         self._record("stop")
         try:
-            await asyncio.sleep(self.stop_delay)
+            if self._alive:
+                # SIGTERM: it exits after stop_delay, unless it dies sooner (crash()).
+                exited = asyncio.ensure_future(self._exited.wait())
+                try:
+                    await asyncio.wait([exited], timeout=self.stop_delay)
+                finally:
+                    exited.cancel()
+                if self._alive:
+                    self._reaped(-int(signal.SIGTERM))
+            await self._exited.wait()  # dead already: until the loop reaps it
         finally:
-            self._exit(-int(signal.SIGTERM))
+            if not self._exited.is_set():  # cancelled (loop shutting down)
+                self._reaped(-int(signal.SIGKILL))
+            self._state = ModelState.STOPPED
             self._record("stopped")
 
-    def crash(self, returncode: int = 1) -> None:
-        """The process dies on its own: READY -> STOPPED and ``on_exit``; STARTING -> failed."""
-        if self._state is ModelState.STARTING:
-            self._abort_cause = f"process exited with code {returncode} before becoming healthy"
-            self._returncode = returncode
-            self._abort.set()
-        elif self._state is ModelState.READY:
-            self._exit(returncode)
-            self._record("crash")
-            if self.on_exit is not None:
-                self.on_exit(self)  # type: ignore[arg-type]
-        else:
-            raise RuntimeError(f"cannot crash a model that is {self._state.value}")
+    def crash(self, returncode: int = 1, reap_delay: float = 0.0) -> None:
+        """The process dies on its own, now: :attr:`alive` goes False and ``("died", id)`` is
+        recorded, nothing else changes yet.
+
+        Its exit is reported ``reap_delay`` seconds later (at least one loop iteration, even
+        with 0), from the loop, as ModelProcess's watcher reports a reaped process: READY ->
+        STOPPED, ``("crash", id)`` and ``on_exit``; STARTING -> the start fails with
+        ``"process exited with code N before becoming healthy"``; STOPPING (a stop raced the
+        crash) -> the stop returns, with this ``returncode`` and no ``on_exit``.
+        """
+        if not self._alive:
+            raise RuntimeError(f"cannot crash {self.id}: no live process ({self._state.value})")
+        self._alive = False
+        self._death_returncode = returncode
+        self._record("died")
+        loop = asyncio.get_running_loop()
+        self._reaping = loop.call_later(reap_delay, self._report_death)
 
 
 class FakeProcessFactory:

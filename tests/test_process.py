@@ -1,19 +1,35 @@
-"""ModelProcess over real subprocesses and loopback HTTP; LogBuffer; the in-memory fake."""
+"""ModelProcess over real subprocesses and loopback HTTP; LogBuffer; the in-memory fake;
+no leftovers: wrapped models, a SIGKILLed server, reap_leftovers, a squatted port."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import shlex
 import signal
+import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+from scheduler import process as process_module
 from scheduler.config import ModelConfig
-from scheduler.process import LogBuffer, ModelProcess, ModelStartError, ModelState
+from scheduler.process import (
+    OWNER_ENV,
+    SPAWN_ENV,
+    LogBuffer,
+    ModelProcess,
+    ModelStartError,
+    ModelState,
+    owner_id,
+    reap_leftovers,
+    set_state_dir,
+)
 from scheduler.testing import FakeModelProcess, FakeProcessFactory
 from tests.conftest import ROOT, fakellm_argv, pick_free_port
 
@@ -60,6 +76,36 @@ async def wait_dead(pid: int, timeout: float = 3.0) -> None:
         os.close(fd)
 
 
+def environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
+
+
+def marked(owner: str) -> list[int]:
+    """Running processes whose environment carries ``LLAMASWAP_OWNER=<owner>``."""
+    return [
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and alive(int(pid)) and environ(int(pid)).get(OWNER_ENV) == owner
+    ]
+
+
+def kill_quietly(*pids: int | None, groups: tuple[int | None, ...] = ()) -> None:
+    """Test cleanup: SIGKILL these groups and processes, ignoring the ones already gone."""
+    for pgid in groups:
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+    for pid in pids:
+        if pid is not None and alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
 async def next_line(subscription, needle: bytes, timeout: float = 3.0) -> bytes:
     async with asyncio.timeout(timeout):
         async for line in subscription:
@@ -87,8 +133,19 @@ def logs() -> LogBuffer:
 
 
 @pytest.fixture
-async def spawn(logs) -> AsyncIterator[Callable[..., ModelProcess]]:
-    """Builds ModelProcesses; at teardown stops them all and checks nothing is left running."""
+def state_dir(tmp_path) -> Iterator[Path]:
+    """This test process records its process groups under tmp_path, not <project>/var."""
+    directory = set_state_dir(tmp_path / "state")
+    try:
+        yield directory
+    finally:
+        set_state_dir(None)
+
+
+@pytest.fixture
+async def spawn(logs, state_dir) -> AsyncIterator[Callable[..., ModelProcess]]:
+    """Builds ModelProcesses; at teardown stops them all and checks nothing is left running
+    and that every process group left this instance's record."""
     made: list[ModelProcess] = []
 
     def make(cfg: ModelConfig, **kwargs) -> ModelProcess:
@@ -105,6 +162,7 @@ async def spawn(logs) -> AsyncIterator[Callable[..., ModelProcess]]:
         assert process.state is ModelState.STOPPED
         if process.pid is not None:
             assert not alive(process.pid), f"{process} left running"
+    assert list(state_dir.glob("owner-*.json")) == []
 
 
 def fakellm_config(*args: str, **overrides) -> ModelConfig:
@@ -271,12 +329,81 @@ async def test_stop_takes_the_whole_process_group(spawn, logs):
     wrapper = "sleep 60 & echo child $!; wait"
     process = spawn(config(["sh", "-c", wrapper]))
     subscription = logs.subscribe("m")
+    grandchild = None
+    try:
+        async with asyncio.timeout(5):
+            await process.start()
+            grandchild = int((await next_line(subscription, b"child ")).split()[1])
+            assert alive(grandchild)
+            await process.stop()
+        assert not alive(grandchild)  # dead by the time stop() returns
+    finally:
+        kill_quietly(grandchild)
+
+
+ESCAPEE = (
+    "import os, time; os.setsid(); print('escaped', os.getpid(), os.getpgrp(), flush=True); "
+    "time.sleep(60)"
+)
+
+
+async def test_stop_kills_a_wrapped_server_and_a_grandchild_that_left_the_group(
+    spawn, logs, free_port
+):
+    """A shell wrapper backgrounds the model server (health answered by the grandchild)
+    and a helper that setsid()s out of the group: stop() kills both; the process group
+    alone would miss the second one, its environment marker does not."""
+    port = free_port()
+    server = shlex.join(fakellm_argv(port))
+    escapee = shlex.join([PY, "-c", ESCAPEE])
+    wrapper = f"{server} & echo child $!; {escapee} & wait"
+    process = spawn(
+        config(
+            ["sh", "-c", wrapper],
+            proxy=f"http://127.0.0.1:{port}",
+            check_endpoint="/health",
+        )
+    )
+    subscription = logs.subscribe("m")
+    grandchild = escaped = None
+    try:
+        async with asyncio.timeout(10):
+            starting = asyncio.create_task(process.start())
+            grandchild = int((await next_line(subscription, b"child ", 5)).split()[1])
+            _, escaped_pid, escaped_group = (await next_line(subscription, b"escaped", 5)).split()
+            escaped = int(escaped_pid)
+            await starting
+            assert process.state is ModelState.READY
+            assert int(escaped_group) == escaped != process.pid  # out of the model's group
+            marker = environ(escaped)
+            assert marker[OWNER_ENV] == owner_id()
+            assert marker[SPAWN_ENV] == environ(process.pid)[SPAWN_ENV]
+            await process.stop()
+        assert not alive(grandchild) and not alive(escaped)
+    finally:
+        kill_quietly(grandchild, escaped)
+
+
+async def test_spawns_are_marked_and_recorded_until_their_group_is_gone(spawn, state_dir):
+    process = spawn(config([PY, "-c", SLEEPER]))
     async with asyncio.timeout(5):
         await process.start()
-        grandchild = int((await next_line(subscription, b"child ")).split()[1])
-        assert alive(grandchild)
+        env = environ(process.pid)
+        assert env[OWNER_ENV] == owner_id()
+        assert env[SPAWN_ENV].startswith(owner_id() + ":")
+        (path,) = state_dir.glob("owner-*.json")
+        record = json.loads(path.read_text())
+        pid, start = owner_id().split(":")
+        assert (record["pid"], record["start_time"]) == (int(pid), int(start))
+        assert int(start) == process_module._stat(int(pid)).start
+        (group,) = record["groups"]
+        assert group["pgid"] == process.pid and group["model"] == "m"
+        assert group["start_time"] == process_module._stat(process.pid).start
+        assert group["spawn"] == env[SPAWN_ENV]
+        assert process.alive
         await process.stop()
-        await wait_dead(grandchild)
+    assert not process.alive
+    assert not path.exists()
 
 
 # -- unexpected exit -------------------------------------------------------------------------
@@ -303,14 +430,18 @@ async def test_leader_exit_takes_its_group_with_it(spawn, logs):
     exits: list[ModelProcess] = []
     process = spawn(config(["sh", "-c", "sleep 60 & echo child $!; wait"]), on_exit=exits.append)
     subscription = logs.subscribe("m")
-    async with asyncio.timeout(5):
-        await process.start()
-        grandchild = int((await next_line(subscription, b"child ")).split()[1])
-        os.kill(process.pid, signal.SIGKILL)  # the wrapper dies, its child would be orphaned
-        await process.exited.wait()
-        await wait_dead(grandchild)
-    assert exits == [process]
-    assert process.returncode == -signal.SIGKILL
+    grandchild = None
+    try:
+        async with asyncio.timeout(5):
+            await process.start()
+            grandchild = int((await next_line(subscription, b"child ")).split()[1])
+            os.kill(process.pid, signal.SIGKILL)  # the wrapper dies, its child survives it...
+            await process.exited.wait()
+        assert not alive(grandchild)  # ...until the model's exit is reported
+        assert exits == [process]
+        assert process.returncode == -signal.SIGKILL
+    finally:
+        kill_quietly(grandchild)
 
 
 PARENT = """
@@ -331,13 +462,14 @@ asyncio.run(main())
 """
 
 
-async def test_model_dies_when_the_server_is_sigkilled():
+async def test_model_dies_when_the_server_is_sigkilled(tmp_path):
     parent = await asyncio.create_subprocess_exec(
         PY,
         "-c",
         PARENT.format(root=str(ROOT), py=PY),
         stdout=asyncio.subprocess.PIPE,
         start_new_session=True,
+        env={**os.environ, "LLAMASWAP_STATE_DIR": str(tmp_path)},
     )
     child = None
     try:
@@ -354,6 +486,140 @@ async def test_model_dies_when_the_server_is_sigkilled():
             await parent.wait()
         if child is not None and alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+SERVER = """
+import asyncio, json, shlex, sys
+sys.path.insert(0, sys.argv[1])
+from scheduler.config import ModelConfig
+from scheduler.process import LogBuffer, ModelProcess, become_subreaper, owner_id, set_state_dir
+
+async def main():
+    root, state, port, escapee = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    set_state_dir(state)
+    become_subreaper()  # as manage.py serve does
+    server = shlex.join([sys.executable, "-m", "proxy.fakellm", "--port", str(port)])
+    wrapper = f"{server} & echo child $!; {shlex.join([sys.executable, '-c', escapee])} & wait"
+    cfg = ModelConfig(id="wrapped", cmd=("sh", "-c", wrapper), proxy=f"http://127.0.0.1:{port}",
+                      check_endpoint="/health", health_check_timeout=10)
+    logs = LogBuffer()
+    lines = logs.subscribe("wrapped")
+    process = ModelProcess(cfg, logs)
+    await process.start()
+    found = {}
+    async for line in lines:
+        if line.startswith((b"child ", b"escaped ")):
+            word, pid = line.split()[:2]
+            found[word.decode()] = int(pid)
+        if len(found) == 2:
+            break
+    print(json.dumps({"owner": owner_id(), "leader": process.pid, **found}), flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def start_server(state: Path, port: int) -> asyncio.subprocess.Process:
+    """A stand-in for ``manage.py serve``: one wrapped model, READY, then it waits to die."""
+    return await asyncio.create_subprocess_exec(
+        *(PY, "-c", SERVER, str(ROOT), str(state), str(port), ESCAPEE),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+async def read_info(server: asyncio.subprocess.Process) -> dict:
+    assert server.stdout is not None
+    line = await server.stdout.readline()
+    assert line, "the server script died before its model was ready"
+    return json.loads(line)
+
+
+async def test_reap_leftovers_kills_what_a_dead_server_left_and_spares_a_live_one(
+    tmp_path, free_port
+):
+    state = tmp_path / "state"
+    dead = await start_server(state, free_port())
+    live = await start_server(state, free_port())
+    infos: list[dict] = []
+    try:
+        async with asyncio.timeout(20):
+            dead_info = await read_info(dead)
+            live_info = await read_info(live)
+            infos += [dead_info, live_info]
+            assert len(list(state.glob("owner-*.json"))) == 2
+            assert await asyncio.to_thread(reap_leftovers, state) == []  # both alive
+
+            dead.kill()  # no cleanup code runs in it
+            await dead.wait()
+            await wait_dead(dead_info["leader"])  # PR_SET_PDEATHSIG took the shell...
+            child, escaped = dead_info["child"], dead_info["escaped"]
+            assert alive(child) and alive(escaped)  # ...not what the shell had started
+            assert sorted(marked(dead_info["owner"])) == sorted([child, escaped])
+
+            killed = await asyncio.to_thread(reap_leftovers, state)
+
+            assert sorted((k["pid"], k["matched"], k["model"]) for k in killed) == sorted(
+                [(child, "group", "wrapped"), (escaped, "marker", "wrapped")]
+            )
+            assert all(k["owner"] == dead_info["owner"] for k in killed)
+            assert not alive(child) and not alive(escaped)
+            assert marked(dead_info["owner"]) == []
+            live_pid, live_start = live_info["owner"].split(":")
+            assert [p.name for p in state.glob("owner-*.json")] == [
+                f"owner-{live_pid}-{live_start}.json"
+            ]
+            # The live instance and its model tree were not touched.
+            assert live.returncode is None
+            for pid in (live_info["leader"], live_info["child"], live_info["escaped"]):
+                assert alive(pid)
+            (group,) = json.loads(next(state.glob("owner-*.json")).read_text())["groups"]
+            assert (group["pgid"], group["model"]) == (live_info["leader"], "wrapped")
+    finally:
+        for server in (dead, live):
+            if server.returncode is None:
+                server.kill()
+            await server.wait()
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(reap_leftovers, state)
+        for info in infos:
+            kill_quietly(info["leader"], info["child"], info["escaped"])
+    assert all(marked(info["owner"]) == [] for info in infos)
+
+
+async def test_port_in_use_fails_the_start_and_spares_the_squatter(spawn, fakellm):
+    squatter = await fakellm()  # not ours: it answers /health as the model would
+    cmd = fakellm_argv(squatter.port)  # the model would listen where the squatter does
+    process = spawn(config(cmd, proxy=squatter.url, check_endpoint="/health"))
+    async with asyncio.timeout(5):
+        with pytest.raises(ModelStartError) as info:
+            await process.start()
+        cause = info.value.cause
+        assert f"port 127.0.0.1:{squatter.port} is already in use by another process" in cause
+        assert process.state is ModelState.STOPPED and process.exited.is_set()
+        assert process.pid is None  # nothing was spawned
+        async with httpx.AsyncClient(trust_env=False) as client:
+            assert (await client.get(f"{squatter.url}/health")).status_code == 200
+    assert squatter.proc.returncode is None
+
+
+async def test_port_check_covers_localhost_and_skips_other_hosts(spawn):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        process = spawn(config([PY, "-c", SLEEPER], proxy=f"http://localhost:{port}"))
+        async with asyncio.timeout(5):
+            with pytest.raises(ModelStartError, match=f"port localhost:{port} is already in use"):
+                await process.start()
+    assert process.pid is None
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    for url in ("http://192.0.2.1:80", "http://example.invalid:1", "not a url"):
+        assert await process_module._port_in_use(url) is None  # never probed
+    assert loop.time() - began < 0.2
 
 
 # -- LogBuffer -------------------------------------------------------------------------------
@@ -428,9 +694,12 @@ async def test_fake_walks_the_same_states():
         await starting
         assert fake.state is ModelState.READY
         fake.crash(returncode=2)
+        # Dead at once, reported from the loop later, as a real process is.
+        assert not fake.alive and fake.state is ModelState.READY and exits == []
+        await fake.exited.wait()
     assert fake.state is ModelState.STOPPED and fake.returncode == 2
     assert fake.exited.is_set() and exits == [fake]
-    assert fake.journal == [("start", "f"), ("ready", "f"), ("crash", "f")]
+    assert fake.journal == [("start", "f"), ("ready", "f"), ("died", "f"), ("crash", "f")]
 
 
 async def test_fake_start_failures_and_stop_while_starting():
