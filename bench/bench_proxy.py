@@ -153,6 +153,7 @@ class Server:
         env["DATABASE_URL"] = f"sqlite:///{tmp / 'db.sqlite3'}"
         env["DEBUG"] = "false"
         env["PYTHONUNBUFFERED"] = "1"
+        env["LLAMASWAP_STATE_DIR"] = str(tmp / f"state-{name}")
         cmd = [PY, "manage.py", "serve", "--config", str(config_path)]
         cmd += ["--listen", f"127.0.0.1:{self.port}", "--grace", "2"]
         if pin:

@@ -18,6 +18,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 log = logging.getLogger("llamaswap.serve")
 
+REQUEST_BUFFER_SIZE = 16 * 1024 * 1024
+
 
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
@@ -92,6 +94,11 @@ class Command(BaseCommand):
             action_logger=_access_log if options["access_log"] else None,
             verbosity=0,
             application_close_timeout=options["grace"] + 5,
+            # Daphne hands the body to the app in pieces of this size, all at once. One
+            # piece (bodies up to 16 MiB) is the body itself: no join, no copy. Measured
+            # with 200 waiting 1 MB requests: 0.98 MB each, against 1.08 MB with daphne's
+            # 8 KiB pieces (freed pieces the heap keeps).
+            request_buffer_size=REQUEST_BUFFER_SIZE,
         )
         stopping = False
 
