@@ -468,3 +468,30 @@ async def test_a_ticket_whose_owner_vanished_is_ended_by_the_dispatcher(world, c
     await granted(nxt)
     assert lost.outcome is Outcome.FAILED
     assert "turn abandoned" in caplog.text
+
+
+async def test_a_request_granted_to_a_dead_unreaped_process_is_resent_to_a_restarted_one(world):
+    # The model died, but its exit is not reaped yet: the dispatcher still thinks it is
+    # ready and grants the next request to it. The view finds the connection refused and
+    # asks for a resend: the dead process is reaped, a new one started, the ticket granted.
+    d, factory, rec = await world("m")
+    t1 = submit(d, "m", 0, "1")
+    await granted(t1)
+    process = factory.processes["m"]
+    process.crash(returncode=-9, reap_delay=0.3)
+    assert not process.alive and process.state is ModelState.READY
+    d.finish(t1, Outcome.FAILED, 200, "stream broken")
+    t2 = submit(d, "m", 0, "2")
+    await granted(t2)  # granted to the dead process
+    d.resend(t2)
+    await granted(t2)
+    fresh = factory.processes["m"]
+    assert fresh is not process and fresh.alive
+    journal = factory.journal
+    assert journal.index(("died", "m")) < journal.index(("stopped", "m")) < len(journal) - 2
+    assert journal[-2:] == [("start", "m"), ("ready", "m")]
+    with pytest.raises(RuntimeError):
+        d.resend(t2)  # once only
+    d.finish(t2, Outcome.COMPLETED, 200)
+    await settle()
+    assert d.in_flight() == []
