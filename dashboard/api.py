@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from proxy.errors import error_response
+from proxy.errors import echo, error_response
 from scheduler.models import RequestRecord
 from scheduler.priority import BANDS
 
@@ -30,7 +30,11 @@ MAX_AHEAD = 1000
 
 
 class BadParameter(ValueError):
-    pass
+    """A query parameter that cannot be used: a JSON 400 naming it."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -52,11 +56,16 @@ def _when(name: str, value: str, end: bool = False) -> datetime | None:
             day = parse_date(value)
             if day is not None:
                 when = datetime.combine(day, datetime.max.time() if end else datetime.min.time())
-    except ValueError:
+    except ValueError:  # well-formed but no such day or time: 2026-02-30
         when = None
     if when is None:
-        raise BadParameter(f"{name} must be unix seconds or an ISO 8601 time, got {value!r}")
-    return timezone.make_aware(when, UTC) if timezone.is_naive(when) else when
+        raise BadParameter(name, f"{name} must be unix seconds or an ISO 8601 time, got {echo(value)}")
+    when = timezone.make_aware(when, UTC) if timezone.is_naive(when) else when
+    try:
+        when.astimezone(UTC)  # what the database adapter does: 0001-01-01T00:00+01:00 overflows
+    except OverflowError:
+        raise BadParameter(name, f"{name} is out of range, got {echo(value)}") from None
+    return when
 
 
 def _int_param(request: HttpRequest, name: str, default: int, low: int, high: int) -> int:
@@ -68,7 +77,7 @@ def _int_param(request: HttpRequest, name: str, default: int, low: int, high: in
     except ValueError:
         value = low - 1
     if not low <= value <= high:
-        raise BadParameter(f"{name} must be an integer {low}..{high}, got {raw!r}")
+        raise BadParameter(name, f"{name} must be an integer {low}..{high}, got {echo(raw)}")
     return value
 
 
@@ -151,10 +160,15 @@ def _competitor(r: RequestRecord) -> dict[str, Any]:
     }
 
 
+def _text_params(request: HttpRequest, *names: str) -> None:
+    """Text filters go to the database as they are: no NUL (PostgreSQL refuses it)."""
+    for name in names:
+        if "\x00" in request.GET.get(name, ""):
+            raise BadParameter(name, f"{name} must not contain NUL characters")
+
+
 async def activity(request: HttpRequest) -> HttpResponse:
     """GET /api/metrics/activity?model=&band=&start=&end=&request_id=&limit=&page="""
-    if request.method != "GET":
-        return error_response(405, "use GET", headers={"Allow": "GET"})
     params = request.GET
     try:
         limit = _int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
@@ -163,9 +177,10 @@ async def activity(request: HttpRequest) -> HttpResponse:
         end = _when("end", params.get("end", ""), end=True)
         band = params.get("band", "").strip()
         if band and band not in {b.value for b in BANDS}:
-            raise BadParameter(f"band must be interactive, normal or batch, got {band!r}")
+            raise BadParameter("band", f"band must be interactive, normal or batch, got {echo(band)}")
+        _text_params(request, "model", "request_id")
     except BadParameter as exc:
-        return error_response(400, str(exc), code="invalid_parameter")
+        return error_response(400, str(exc), code="invalid_parameter", param=exc.param)
     rows = RequestRecord.objects.all()
     if model := params.get("model", "").strip():
         rows = rows.filter(model=model)
@@ -196,12 +211,13 @@ async def activity(request: HttpRequest) -> HttpResponse:
 
 async def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
     """GET /api/requests/{request_id}: the request, its decision, and why it waited."""
-    if request.method != "GET":
-        return error_response(405, "use GET", headers={"Allow": "GET"})
-    mine = await RequestRecord.objects.filter(request_id=request_id).afirst()
+    if "\x00" in request_id:
+        mine = None  # no id has one (and PostgreSQL refuses to compare with it)
+    else:
+        mine = await RequestRecord.objects.filter(request_id=request_id).afirst()
     if mine is None:
         return error_response(
-            404, f"no request {request_id!r} in the activity log", code="request_not_found"
+            404, f"no request {echo(request_id)} in the activity log", code="request_not_found"
         )
     # It waited from arrival until its pick (or until its client gave up).
     until = mine.dispatched_at or mine.finished_at

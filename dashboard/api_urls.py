@@ -3,8 +3,11 @@
 from django.urls import path
 
 from dashboard import api
+from proxy.errors import allow_methods
+
+read = allow_methods("GET", "HEAD")  # read-only: any other method is a JSON 405
 
 urlpatterns = [
-    path("metrics/activity", api.activity),
-    path("requests/<str:request_id>", api.request_detail),
+    path("metrics/activity", read(api.activity)),
+    path("requests/<str:request_id>", read(api.request_detail)),
 ]

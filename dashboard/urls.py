@@ -1,12 +1,15 @@
 from django.urls import path
 
 from dashboard import views
+from proxy.errors import allow_methods
 
 app_name = "dashboard"
 
+read = allow_methods("GET", "HEAD")  # read-only pages: 405 (an HTML page) for anything else
+
 urlpatterns = [
-    path("", views.dashboard, name="index"),
-    path("dashboard/", views.dashboard, name="dashboard"),
-    path("history/", views.history, name="history"),
-    path("requests/<str:request_id>/", views.request_detail, name="request"),
+    path("", read(views.dashboard), name="index"),
+    path("dashboard/", read(views.dashboard), name="dashboard"),
+    path("history/", read(views.history), name="history"),
+    path("requests/<str:request_id>/", read(views.request_detail), name="request"),
 ]

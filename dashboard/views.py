@@ -24,6 +24,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from dashboard import live
 from dashboard.explain import explain
+from proxy.errors import echo, error_page
 from scheduler.priority import BANDS
 
 PAGE_SIZE = 50
@@ -63,19 +64,33 @@ def _records():
     return RequestRecord.objects
 
 
-def _parse_when(value: str, end: bool = False) -> datetime | None:
+class BadFilter(Exception):
+    """A history filter that cannot be used: the page says which and why (400)."""
+
+
+def _parse_when(name: str, value: str, end: bool = False) -> datetime | None:
     """A filter bound from ``2026-11-29``, ``2026-11-29T21:40`` or a full ISO time (UTC)."""
     value = value.strip()
     if not value:
         return None
-    when = parse_datetime(value)
-    if when is None:
-        day = parse_date(value)
-        if day is None:
-            return None
-        when = datetime.combine(day, time.max if end else time.min)
+    try:
+        when = parse_datetime(value)
+        if when is None:
+            day = parse_date(value)
+            if day is None:
+                raise BadFilter(
+                    f"{name}: expected a date like 2026-11-29 or a time like 2026-11-29T21:40, "
+                    f"got {echo(value)}"
+                )
+            when = datetime.combine(day, time.max if end else time.min)
+    except ValueError:  # well-formed, but no such day or time: 2026-02-30
+        raise BadFilter(f"{name}: there is no such date or time as {echo(value)}") from None
     if timezone.is_naive(when):
         when = when.replace(tzinfo=UTC)
+    try:
+        when.astimezone(UTC)  # what the database adapter does: 0001-01-01T00:00+01:00 overflows
+    except OverflowError:
+        raise BadFilter(f"{name}: {echo(value)} is out of range") from None
     return when
 
 
@@ -91,14 +106,20 @@ def history(request: HttpRequest) -> HttpResponse:
         "since": params.get("since", "").strip(),
         "until": params.get("until", "").strip(),
     }
+    for name, value in filters.items():
+        if "\x00" in value:  # PostgreSQL refuses NUL in a query
+            return error_page(request, 400, f"{name}: NUL characters are not allowed")
+    try:
+        since = _parse_when("since", filters["since"])
+        until = _parse_when("until", filters["until"], end=True)
+    except BadFilter as exc:
+        return error_page(request, 400, str(exc))
     if filters["model"]:
         rows = rows.filter(model=filters["model"])
     if filters["band"]:
         rows = rows.filter(band=filters["band"])
     if filters["request_id"]:
         rows = rows.filter(Q(request_id__startswith=filters["request_id"]))
-    since = _parse_when(filters["since"])
-    until = _parse_when(filters["until"], end=True)
     if since is not None:
         rows = rows.filter(arrived_at__gte=since)
     if until is not None:
@@ -124,11 +145,11 @@ def history(request: HttpRequest) -> HttpResponse:
 @read_only_page
 def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
     """One request: its wait, and the jobs that ran before it and why each one won."""
-    mine = _records().filter(request_id=request_id).first()
+    mine = None if "\x00" in request_id else _records().filter(request_id=request_id).first()
     if mine is None:
         waiting = _waiting_now(request_id)
         if waiting is None:
-            raise Http404(f"no request {request_id!r} in the activity log")
+            raise Http404(f"no request {echo(request_id)} in the activity log")
         return render(
             request,
             "dashboard/request.html",

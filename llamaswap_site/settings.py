@@ -61,6 +61,9 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "llamaswap_site.urls"
+# A CSRF refusal on an API path answers JSON like every other error there (the 400/403/
+# 404/500 handlers are in llamaswap_site/urls.py).
+CSRF_FAILURE_VIEW = "proxy.errors.csrf_failure"
 
 TEMPLATES = [
     {

@@ -7,3 +7,10 @@ urlpatterns = [
     path("api/", include("dashboard.api_urls")),  # activity log API (read-only)
     path("", include("dashboard.urls")),
 ]
+
+# JSON on API and proxy paths, HTML pages elsewhere (proxy.errors.wants_json). The lean
+# proxy handler reaches these too, through Django's response_for_exception.
+handler400 = "proxy.errors.bad_request"
+handler403 = "proxy.errors.permission_denied"
+handler404 = "proxy.errors.page_not_found"
+handler500 = "proxy.errors.server_error"

@@ -1,20 +1,90 @@
-"""One way to say what went wrong: OpenAI-shaped JSON errors."""
+"""One way to say what went wrong: OpenAI-shaped JSON errors.
+
+* :func:`error_response`: ``{"error": {"message", "type", "code"}}`` with a named code per
+  status (``method_not_allowed``, not ``"405"``) and an ``X-LlamaSwap-Request-Id``.
+* :func:`echo`: a client's value quoted in a message, cut to :data:`ECHO_LIMIT` characters
+  (a 1 MB model name is not sent back whole).
+* :func:`allow_methods`: 405 with ``Allow`` for the methods a view does not serve.
+* The URLconf's error handlers (``handler400/403/404/500`` in ``llamaswap_site/urls.py``,
+  ``CSRF_FAILURE_VIEW`` in the settings): JSON on API and proxy paths
+  (:func:`wants_json`), an HTML page that says what was wrong everywhere else. Both ASGI
+  handlers reach them (the lean proxy handler through ``convert_exception_to_response``).
+"""
 
 from __future__ import annotations
 
+import functools
 import json
+import uuid
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import Any
 
-from django.http import HttpResponse
+from asgiref.sync import iscoroutinefunction
+from django.http import HttpRequest, HttpResponse
 
 REQUEST_ID_HEADER = "X-LlamaSwap-Request-Id"
+ECHO_LIMIT = 200
+"""Characters of a client-sent value quoted in an error message."""
 
 _TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
 }
+
+CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    411: "length_required",
+    413: "request_too_large",
+    414: "uri_too_long",
+    415: "unsupported_media_type",
+    422: "unprocessable_entity",
+    429: "too_many_requests",
+    431: "headers_too_large",
+    500: "internal_error",
+    501: "not_implemented",
+    502: "bad_gateway",
+    503: "service_unavailable",
+    504: "gateway_timeout",
+}
+"""The code an error gets when its caller names none."""
+
+JSON_PREFIXES = ("/v1/", "/api/", "/upstream/", "/logs/")
+
+
+def default_code(status: int) -> str:
+    if status in CODES:
+        return CODES[status]
+    try:
+        return HTTPStatus(status).phrase.lower().replace(" ", "_").replace("-", "_")
+    except ValueError:
+        return "server_error" if status >= 500 else "client_error"
+
+
+def error_type(status: int) -> str:
+    return _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+
+
+def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> bytes:
+    """The JSON bytes of an error (also written by ``llamaswap_site.http_server``)."""
+    error: dict[str, Any] = {"message": message, "type": error_type(status), "code": code or default_code(status)}
+    if param is not None:
+        error["param"] = param
+    return json.dumps({"error": error}).encode()
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
 
 
 def error_response(
@@ -24,18 +94,211 @@ def error_response(
     code: str | None = None,
     request_id: str | None = None,
     headers: dict[str, str] | None = None,
+    param: str | None = None,
 ) -> HttpResponse:
-    """``{"error": {"message", "type", "code"}}`` with the given status."""
-    body = {
-        "error": {
-            "message": message,
-            "type": _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"),
-            "code": code or str(status),
-        }
-    }
-    response = HttpResponse(json.dumps(body), status=status, content_type="application/json")
-    if request_id:
-        response[REQUEST_ID_HEADER] = request_id
+    """``{"error": {"message", "type", "code"}}`` with the given status.
+
+    ``code`` defaults to the status's name (:data:`CODES`); ``param`` names the request
+    parameter at fault (OpenAI's field). Every error carries a request id: the caller's,
+    or a new one.
+    """
+    response = HttpResponse(
+        error_body(status, message, code, param), status=status, content_type="application/json"
+    )
+    response[REQUEST_ID_HEADER] = request_id or new_request_id()
     for name, value in (headers or {}).items():
         response[name] = value
     return response
+
+
+def echo(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``repr()`` of a client-sent value for an error message, cut to ``limit`` characters."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"
+
+
+def bare(value: str, limit: int = ECHO_LIMIT) -> str:
+    """A method or path as it is when it reads cleanly (printable, no spaces), else :func:`echo`."""
+    if len(value) <= limit and value.isprintable() and " " not in value:
+        return value
+    return echo(value, limit)
+
+
+def clip(text: str, limit: int = ECHO_LIMIT) -> str:
+    """Free text that may hold a client's value (an exception's message), cut to ``limit``."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+# -- which answers are JSON ----------------------------------------------------------------
+
+
+def wants_json(path: str) -> bool:
+    """API and proxy paths answer errors in JSON; pages (dashboard, admin) in HTML."""
+    from proxy.urls import PROXY_EXACT, PROXY_PREFIXES  # here: proxy.urls imports the views
+
+    return (
+        path in PROXY_EXACT
+        or path.startswith(PROXY_PREFIXES)
+        or path.startswith(JSON_PREFIXES)
+        or path.rstrip("/") in PROXY_EXACT
+        or path.rstrip("/") in ("/v1", "/api", "/upstream")
+    )
+
+
+def error_page(request: HttpRequest, status: int, message: str) -> HttpResponse:
+    """The HTML counterpart of :func:`error_response`, for pages."""
+    from django.template.loader import render_to_string
+
+    try:
+        title = HTTPStatus(status).phrase
+    except ValueError:
+        title = "Error"
+    html = render_to_string(
+        "errors/error.html",
+        {"status": status, "title": title, "message": message, "nav": ""},
+        request=request,
+    )
+    return HttpResponse(html, status=status)
+
+
+def error_for(
+    request: HttpRequest,
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
+) -> HttpResponse:
+    """JSON on API and proxy paths, an HTML page elsewhere."""
+    if wants_json(request.path):
+        return error_response(status, message, code=code, headers=headers, param=param)
+    response = error_page(request, status, message)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+# -- 405 -----------------------------------------------------------------------------------
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def method_not_allowed(
+    request: HttpRequest, methods: tuple[str, ...], request_id: str | None = None
+) -> HttpResponse:
+    allow = ", ".join(methods)
+    message = f"{bare(request.method or '', 40)} is not allowed on {bare(request.path)}; use {' or '.join(methods)}"
+    if request_id is not None or wants_json(request.path):
+        return error_response(
+            405, message, code="method_not_allowed", request_id=request_id, headers={"Allow": allow}
+        )
+    response = error_page(request, 405, message)
+    response["Allow"] = allow
+    return response
+
+
+def allow_methods(*methods: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Answer 405 (``Allow`` header, named code) to any other method; async views stay async.
+
+    A view that allows only safe methods is CSRF-exempt: nothing it serves changes state,
+    and a POST then gets this 405 rather than the CSRF middleware's 403 page.
+    """
+    allowed = frozenset(m.upper() for m in methods)
+    names = tuple(m.upper() for m in methods)
+
+    def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
+        if iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+                if request.method not in allowed:
+                    return method_not_allowed(request, names)
+                return await view(request, *args, **kwargs)
+
+        else:
+
+            @functools.wraps(view)
+            def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+                if request.method not in allowed:
+                    return method_not_allowed(request, names)
+                return view(request, *args, **kwargs)
+
+        if allowed <= SAFE_METHODS:
+            wrapper.csrf_exempt = True  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
+
+
+# -- the URLconf's error handlers ------------------------------------------------------------
+
+
+def _client_error(exception: Exception | None) -> tuple[int, str, str]:
+    """Status, code and message for what Django raised while reading a bad request."""
+    from django.conf import settings
+    from django.core.exceptions import (
+        RequestDataTooBig,
+        TooManyFieldsSent,
+        TooManyFilesSent,
+    )
+    from django.http.multipartparser import MultiPartParserError
+
+    if isinstance(exception, RequestDataTooBig):
+        return (
+            413,
+            "request_too_large",
+            f"request body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes",
+        )
+    if isinstance(exception, TooManyFieldsSent):
+        return (
+            400,
+            "too_many_fields",
+            f"more than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} query or form fields",
+        )
+    if isinstance(exception, TooManyFilesSent):
+        return 400, "too_many_files", f"more than {settings.DATA_UPLOAD_MAX_NUMBER_FILES} files"
+    if isinstance(exception, MultiPartParserError):
+        return 400, "invalid_multipart", f"multipart body could not be read: {clip(str(exception))}"
+    detail = clip(str(exception)) if exception is not None and str(exception) else ""
+    return 400, "invalid_request", f"bad request{': ' + detail if detail else ''}"
+
+
+def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    status, code, message = _client_error(exception)
+    return error_for(request, status, message, code=code)
+
+
+def permission_denied(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    detail = clip(str(exception)) if exception is not None and str(exception) else ""
+    return error_for(request, 403, detail or "permission denied", code="forbidden")
+
+
+def page_not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    from django.urls import Resolver404
+
+    if isinstance(exception, Resolver404) or exception is None or not str(exception):
+        message = f"no such endpoint: {bare(request.method or '', 40)} {bare(request.path)}"
+    else:
+        message = clip(str(exception))
+    return error_for(request, 404, message, code="not_found")
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if wants_json(request.path):
+        return error_response(500, "internal error: see the server log", code="internal_error")
+    from django.template.loader import render_to_string
+
+    # No request context and no base template: rendering must not fail on a bad day.
+    return HttpResponse(render_to_string("errors/500.html"), status=500)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """``CSRF_FAILURE_VIEW``: JSON on API paths, Django's explanatory page on pages."""
+    if wants_json(request.path):
+        return error_response(403, f"CSRF verification failed: {reason}", code="csrf_failed")
+    from django.views.csrf import csrf_failure as django_csrf_failure
+
+    return django_csrf_failure(request, reason)

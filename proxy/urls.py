@@ -1,6 +1,7 @@
 from django.urls import path, re_path
 
 from proxy import views
+from proxy.errors import allow_methods
 from scheduler.metrics import metrics_view
 
 INFERENCE_PATHS = [
@@ -20,19 +21,24 @@ INFERENCE_PATHS = [
     "completion",
 ]
 
+# Methods as llama-swap documents them (../shared/notes/llama-swap-reference.md); any
+# other gets a JSON 405 with Allow. Inference checks for POST itself; /upstream passes
+# every method through.
+read = allow_methods("GET", "HEAD")
+
 urlpatterns = [path(p, views.inference) for p in INFERENCE_PATHS] + [
     re_path(r"^upstream/(?P<model_name>[^/]+)/(?P<path>.*)$", views.upstream_passthrough),
     re_path(r"^upstream/(?P<model_name>[^/]+)$", views.upstream_passthrough),
-    path("v1/models", views.list_models),
-    path("running", views.running),
-    path("unload", views.unload),
-    path("api/models/unload", views.unload),
-    path("api/models/unload/<str:model_name>", views.unload),
-    path("health", views.health),
-    path("api/queue", views.queue),
-    path("logs", views.logs),
-    path("logs/stream", views.logs_stream),
-    path("metrics", metrics_view),  # on the event loop: the collector reads the queue
+    path("v1/models", read(views.list_models)),
+    path("running", read(views.running)),
+    path("unload", allow_methods("GET")(views.unload)),  # legacy; HEAD would unload too
+    path("api/models/unload", allow_methods("POST")(views.unload)),
+    path("api/models/unload/<str:model_name>", allow_methods("POST")(views.unload)),
+    path("health", read(views.health)),
+    path("api/queue", read(views.queue)),
+    path("logs", read(views.logs)),
+    path("logs/stream", read(views.logs_stream)),
+    path("metrics", read(metrics_view)),  # on the event loop: the collector reads the queue
 ]
 
 # Paths served by the lean proxy handler (see llamaswap_site/asgi.py).

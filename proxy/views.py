@@ -14,10 +14,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
-from proxy.errors import REQUEST_ID_HEADER, error_response
+from proxy.errors import REQUEST_ID_HEADER, clip, echo, error_response, method_not_allowed
 from proxy.upstream import forward_headers, response_headers
 from scheduler import runtime
 from scheduler.config import ModelConfig
@@ -49,38 +52,102 @@ async def inference(request: HttpRequest) -> HttpResponse:
     """POST /v1/chat/completions and friends: the model comes from the body."""
     request_id = _new_request_id()
     if request.method != "POST":
-        return error_response(405, "use POST", request_id=request_id, headers={"Allow": "POST"})
+        return method_not_allowed(request, ("POST",), request_id=request_id)
     config = runtime.current().config
-    body = request.body
-    content_type = request.content_type or ""
-    if content_type.startswith("multipart/form-data"):
-        name = request.POST.get("model", "")
-        data = None
-    else:
-        try:
-            data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return error_response(
-                400, f"request body is not valid JSON: {exc}", code="invalid_json", request_id=request_id
-            )
-        if not isinstance(data, dict):
-            return error_response(
-                400, "request body must be a JSON object", code="invalid_json", request_id=request_id
-            )
-        name = data.get("model", "")
-    if not isinstance(name, str) or not name:
+    parsed = _parse_body(request, request_id)
+    if isinstance(parsed, HttpResponse):
+        return parsed
+    body, data, name = parsed
+    if not isinstance(name, str):
         return error_response(
-            400, "missing 'model' in request", code="missing_model", request_id=request_id
+            400,
+            f"'model' must be a string, got {type(name).__name__}",
+            code="missing_model",
+            request_id=request_id,
+            param="model",
+        )
+    if not name:
+        return error_response(
+            400, "missing 'model' in request", code="missing_model", request_id=request_id, param="model"
         )
     model = config.resolve(name)
     if model is None:
         return error_response(
-            404, f"model {name!r} not found", code="model_not_found", request_id=request_id
+            404, f"model {echo(name)} not found", code="model_not_found", request_id=request_id
         )
     if data is not None:
-        body = _rewrite(data, body, model)
+        try:
+            body = _rewrite(data, body, model)
+        except RecursionError:  # what the parser took, at the edge of the stack limit
+            return error_response(
+                400, "request body is nested too deeply", code="invalid_json", request_id=request_id
+            )
         data = None  # not kept alive while the request waits for its turn
     return await _relay(request, model, request_id, request.path, body)
+
+
+def _parse_body(request: HttpRequest, request_id: str) -> tuple[bytes, dict[str, Any] | None, object] | HttpResponse:
+    """The body, its JSON object (None for multipart) and its ``model``; or the 4xx to answer.
+
+    Every way Django or the JSON parser can refuse a body becomes a JSON 4xx naming the
+    problem (Django's own would be an HTML 400 page; a too-deep JSON a 500).
+    """
+
+    def refuse(status: int, message: str, code: str) -> HttpResponse:
+        return error_response(status, message, code=code, request_id=request_id)
+
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        return refuse(
+            413, f"request body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes", "request_too_large"
+        )
+    if request.content_type == "multipart/form-data":
+        if not request.content_params.get("boundary"):
+            return refuse(400, "multipart/form-data without a boundary in Content-Type", "invalid_multipart")
+        if not request.META.get("CONTENT_LENGTH"):
+            # Sent chunked: Django's parser reads nothing without a length (the body is here).
+            request.META["CONTENT_LENGTH"] = str(len(body))
+        try:
+            name = request.POST.get("model", "")
+        except TooManyFieldsSent:
+            return refuse(
+                400,
+                f"multipart body has more than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} fields",
+                "too_many_fields",
+            )
+        except TooManyFilesSent:
+            return refuse(
+                400,
+                f"multipart body has more than {settings.DATA_UPLOAD_MAX_NUMBER_FILES} files",
+                "too_many_files",
+            )
+        except RequestDataTooBig:
+            return refuse(
+                413,
+                f"multipart fields are over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes",
+                "request_too_large",
+            )
+        except MultiPartParserError as exc:
+            return refuse(400, f"multipart body could not be read: {clip(str(exc))}", "invalid_multipart")
+        return body, None, name
+    if not body.strip():
+        return refuse(400, "request body is empty: expected a JSON object", "invalid_json")
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        return refuse(400, "request body is not valid JSON: nested too deeply", "invalid_json")
+    except (ValueError, UnicodeDecodeError) as exc:
+        return refuse(400, f"request body is not valid JSON: {clip(str(exc))}", "invalid_json")
+    if not isinstance(data, dict):
+        return refuse(400, f"request body must be a JSON object, got {_json_type(data)}", "invalid_json")
+    return body, data, data.get("model", "")
+
+
+def _json_type(value: object) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
 
 
 def _rewrite(data: dict[str, Any], body: bytes, model: ModelConfig) -> bytes:
@@ -104,7 +171,7 @@ async def upstream_passthrough(request: HttpRequest, model_name: str, path: str 
     model = runtime.current().config.resolve(model_name)
     if model is None:
         return error_response(
-            404, f"model {model_name!r} not found", code="model_not_found", request_id=request_id
+            404, f"model {echo(model_name)} not found", code="model_not_found", request_id=request_id
         )
     return await _relay(request, model, request_id, "/" + path, request.body)
 
@@ -302,7 +369,7 @@ async def unload(request: HttpRequest, model_name: str | None = None) -> HttpRes
     if model_name is not None:
         model = rt.config.resolve(model_name)
         if model is None:
-            return error_response(404, f"model {model_name!r} not found", code="model_not_found")
+            return error_response(404, f"model {echo(model_name)} not found", code="model_not_found")
         models = [model.id]
     await rt.dispatcher.unload(models)
     if request.path == "/unload":
@@ -313,10 +380,13 @@ async def unload(request: HttpRequest, model_name: str | None = None) -> HttpRes
 async def queue(request: HttpRequest) -> HttpResponse:
     """GET /api/queue: the waiting requests in dispatch order, with their scores now."""
     dispatcher = runtime.current().dispatcher
+    raw = request.GET.get("limit", "100")
     try:
-        limit = max(1, min(int(request.GET.get("limit", "100")), 1000))
+        limit = max(1, min(int(raw), 1000))
     except ValueError:
-        return error_response(400, "limit must be an integer 1..1000", code="invalid_limit")
+        return error_response(
+            400, f"limit must be an integer 1..1000, got {echo(raw)}", code="invalid_limit", param="limit"
+        )
     now = dispatcher.now()
     model, state = dispatcher.model_state()
     waiting = [
@@ -364,6 +434,10 @@ async def logs(request: HttpRequest) -> HttpResponse:
 
 async def logs_stream(request: HttpRequest) -> HttpResponse:
     """GET /logs/stream: history first (unless ?no-history), then live, chunked."""
+    if request.method == "HEAD":  # the headers only: no stream that never ends
+        response = HttpResponse(content_type="text/plain; charset=utf-8")
+        response["X-Accel-Buffering"] = "no"
+        return response
     buffer = runtime.current().dispatcher.logs
     with_history = "no-history" not in request.GET
 
