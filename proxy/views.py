@@ -6,33 +6,25 @@ no thread hops), so nothing here may block or touch the database.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
-from proxy.errors import REQUEST_ID_HEADER, clip, echo, error_response, method_not_allowed
-from proxy.upstream import forward_headers, response_headers
+from proxy.errors import clip, echo, error_response, method_not_allowed
+from proxy.relay import relay
 from scheduler import runtime
 from scheduler.config import ModelConfig
-from scheduler.dispatcher import Outcome, Overloaded, ShuttingDown, Ticket
-from scheduler.priority import HEADER, parse_priority
-from scheduler.process import ModelStartError
 
 log = logging.getLogger("llamaswap.proxy")
 
-PRIORITY_META = "HTTP_" + HEADER.upper().replace("-", "_")
-STREAM_TAIL = 4096
-"""Bytes of a stream's end kept to read usage and timings from (see :func:`_stream`)."""
 
 
 def _new_request_id() -> str:
@@ -58,6 +50,7 @@ async def inference(request: HttpRequest) -> HttpResponse:
     if isinstance(parsed, HttpResponse):
         return parsed
     body, data, name = parsed
+    del parsed  # it holds the parsed JSON, which must not live while the request waits
     if not isinstance(name, str):
         return error_response(
             400,
@@ -83,7 +76,7 @@ async def inference(request: HttpRequest) -> HttpResponse:
                 400, "request body is nested too deeply", code="invalid_json", request_id=request_id
             )
         data = None  # not kept alive while the request waits for its turn
-    return await _relay(request, model, request_id, request.path, body)
+    return await relay(request, model, request_id, request.path, body)
 
 
 def _parse_body(request: HttpRequest, request_id: str) -> tuple[bytes, dict[str, Any] | None, object] | HttpResponse:
@@ -173,161 +166,7 @@ async def upstream_passthrough(request: HttpRequest, model_name: str, path: str 
         return error_response(
             404, f"model {echo(model_name)} not found", code="model_not_found", request_id=request_id
         )
-    return await _relay(request, model, request_id, "/" + path, request.body)
-
-
-async def _relay(
-    request: HttpRequest, model: ModelConfig, request_id: str, path: str, body: bytes
-) -> HttpResponse:
-    rt = runtime.current()
-    dispatcher = rt.dispatcher
-    priority = parse_priority(request.META.get(PRIORITY_META))
-    ticket = dispatcher.submit(model, priority, request_id, path)
-    try:
-        base = await ticket.wait()
-    except asyncio.CancelledError:
-        dispatcher.cancel(ticket)  # client gone while waiting: never dispatched
-        raise
-    except ModelStartError as exc:
-        dispatcher.finish(ticket, Outcome.FAILED, 503, exc.cause)
-        return error_response(
-            503,
-            f"model {model.id!r} failed to start: {exc.cause}",
-            code="model_start_failed",
-            request_id=request_id,
-        )
-    except Overloaded as exc:
-        return error_response(
-            429, str(exc), code="too_many_requests", request_id=request_id, headers={"Retry-After": "1"}
-        )
-    except ShuttingDown as exc:
-        return error_response(503, str(exc), code="shutting_down", request_id=request_id)
-
-    query = request.META.get("QUERY_STRING", "")
-    url = base.rstrip("/") + path + (f"?{query}" if query else "")
-    client = rt.upstreams.client()
-    headers = forward_headers(request.scope["headers"]) if hasattr(request, "scope") else []
-    try:
-        upstream = await client.send(
-            client.build_request(request.method or "POST", url, headers=headers, content=body),
-            stream=True,
-        )
-    except asyncio.CancelledError:
-        dispatcher.cancel(ticket)
-        raise
-    except httpx.HTTPError as exc:
-        dispatcher.finish(ticket, Outcome.FAILED, 502, f"{type(exc).__name__}: {exc}")
-        return error_response(
-            502,
-            f"model {model.id!r} did not answer: {type(exc).__name__}: {exc}",
-            code="upstream_unavailable",
-            request_id=request_id,
-        )
-
-    status = upstream.status_code
-    content_type = upstream.headers.get("content-type", "")
-    if content_type.startswith("text/event-stream"):
-        response: HttpResponse = StreamingHttpResponse(
-            _stream(dispatcher, ticket, upstream), status=status
-        )
-        for name, value in response_headers(upstream.headers):
-            response[name] = value
-        response["X-Accel-Buffering"] = "no"
-        response["Cache-Control"] = "no-cache"
-        response[REQUEST_ID_HEADER] = request_id
-        # If the client leaves before the first chunk the generator never runs;
-        # closing the response still ends the turn and the upstream request.
-        response._resource_closers.append(lambda: _abandon(dispatcher, ticket, upstream))
-        return response
-
-    try:
-        content = b"".join([chunk async for chunk in upstream.aiter_raw()])
-    except asyncio.CancelledError:
-        dispatcher.cancel(ticket)
-        await upstream.aclose()
-        raise
-    except httpx.HTTPError as exc:
-        await upstream.aclose()
-        dispatcher.finish(ticket, Outcome.FAILED, 502, f"{type(exc).__name__}: {exc}")
-        return error_response(
-            502,
-            f"model {model.id!r} broke off its answer: {type(exc).__name__}: {exc}",
-            code="upstream_broken",
-            request_id=request_id,
-        )
-    await upstream.aclose()
-    if status < 300 and content_type.startswith("application/json"):
-        _note_usage(ticket, content)
-    dispatcher.finish(ticket, Outcome.COMPLETED, status)
-    response = HttpResponse(content, status=status)
-    for name, value in response_headers(upstream.headers):
-        response[name] = value
-    response[REQUEST_ID_HEADER] = request_id
-    return response
-
-
-async def _stream(dispatcher: Any, ticket: Ticket, upstream: httpx.Response) -> AsyncIterator[bytes]:
-    """Relay the upstream's bytes as they arrive: no re-splitting, no parsing per chunk."""
-    outcome, error = Outcome.COMPLETED, None
-    tail = b""
-    try:
-        yield b""  # daphne sends the headers with the first body write: send them now
-        async for chunk in upstream.aiter_raw():
-            yield chunk
-            tail = (tail + chunk)[-STREAM_TAIL:] if len(chunk) < STREAM_TAIL else chunk[-STREAM_TAIL:]
-    except (asyncio.CancelledError, GeneratorExit):
-        outcome = Outcome.CANCELLED_RUNNING  # client gone mid-stream
-        raise
-    except httpx.HTTPError as exc:
-        # The model died mid-stream: end the response without [DONE].
-        outcome, error = Outcome.FAILED, f"stream broken: {type(exc).__name__}: {exc}"
-    finally:
-        await upstream.aclose()
-        if outcome is Outcome.COMPLETED:
-            _note_stream_usage(ticket, tail)
-        if outcome is Outcome.CANCELLED_RUNNING:
-            dispatcher.cancel(ticket)
-        else:
-            dispatcher.finish(ticket, outcome, upstream.status_code, error)
-
-
-def _abandon(dispatcher: Any, ticket: Ticket, upstream: httpx.Response) -> None:
-    if ticket.outcome is None:
-        dispatcher.cancel(ticket)
-        asyncio.get_running_loop().create_task(upstream.aclose())
-
-
-def _note_usage(ticket: Ticket, content: bytes) -> None:
-    if len(content) > 1 << 20:
-        return
-    try:
-        data = json.loads(content)
-    except ValueError:
-        return
-    if isinstance(data, dict):
-        _keep_usage(ticket, data)
-
-
-def _note_stream_usage(ticket: Ticket, tail: bytes) -> None:
-    """usage and timings from the last events of a stream (llama-server sends them last)."""
-    for line in reversed(tail.split(b"\n")):
-        if line.startswith(b"data: {"):
-            try:
-                data = json.loads(line[6:])
-            except ValueError:
-                continue
-            if isinstance(data, dict) and _keep_usage(ticket, data):
-                return
-
-
-def _keep_usage(ticket: Ticket, data: dict[str, Any]) -> bool:
-    found = False
-    for key in ("usage", "timings"):
-        value = data.get(key)
-        if isinstance(value, dict):
-            ticket.extra[key] = value
-            found = True
-    return found
+    return await relay(request, model, request_id, "/" + path, request.body)
 
 
 # -- not scheduled -----------------------------------------------------------------------
