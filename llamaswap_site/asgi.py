@@ -21,7 +21,11 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.core.exceptions import RequestAborted  # noqa: E402
+from django.core.exceptions import (  # noqa: E402
+    RequestAborted,
+    SuspiciousOperation,
+    TooManyFieldsSent,
+)
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
 from django.urls import set_script_prefix  # noqa: E402
@@ -31,7 +35,27 @@ from proxy.urls import PROXY_EXACT, PROXY_PREFIXES  # noqa: E402
 log = logging.getLogger("llamaswap.proxy")
 
 
-class ProxyHandler(ASGIHandler):
+class _RefuseSuspicious:
+    """``create_request`` that answers a 400 instead of raising: Django parses the query
+    string while building an ASGIRequest (the ``encoding`` setter looks at ``GET`` when
+    the Content-Type has a charset), so TooManyFieldsSent and friends escape the handler
+    and daphne answers 500."""
+
+    def create_request(self, scope, body_file):
+        try:
+            return super().create_request(scope, body_file)
+        except SuspiciousOperation as exc:
+            from proxy.errors import error_response
+
+            code = "too_many_fields" if isinstance(exc, TooManyFieldsSent) else "invalid_request"
+            return None, error_response(400, str(exc), code=code)
+
+
+class PagesHandler(_RefuseSuspicious, ASGIHandler):
+    """Django's stock ASGI handler (middleware, signals) for the dashboard and admin."""
+
+
+class ProxyHandler(_RefuseSuspicious, ASGIHandler):
     """Django's ASGI handler minus middleware, signals and thread hops: async views only.
 
     It owns the whole life of a proxied request, so it is where a request's turn on the GPU
@@ -234,9 +258,8 @@ _skip_twisted_form_parsing()
 
 def _build():
     from channels.routing import ProtocolTypeRouter
-    from django.core.asgi import get_asgi_application
 
-    pages = get_asgi_application()
+    pages = PagesHandler()
     proxy = ProxyHandler()
 
     async def http(scope, receive, send):

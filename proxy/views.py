@@ -166,7 +166,19 @@ async def upstream_passthrough(request: HttpRequest, model_name: str, path: str 
         return error_response(
             404, f"model {echo(model_name)} not found", code="model_not_found", request_id=request_id
         )
-    return await relay(request, model, request_id, "/" + path, request.body)
+    return await relay(request, model, request_id, _raw_rest(request, path), request.body)
+
+
+def _raw_rest(request: HttpRequest, path: str) -> str:
+    """The path after ``/upstream/{model}`` exactly as the client sent it: still
+    percent-encoded, so ``%3F``, ``%23``, ``%2F`` and ``%25`` reach the model as sent
+    (the decoded ``path`` would turn them into a query, a fragment, a separator)."""
+    scope = getattr(request, "scope", None)
+    raw = scope.get("raw_path") if scope is not None else None
+    if not raw:
+        return "/" + path
+    parts = raw.split(b"?", 1)[0].split(b"/", 3)  # b"", b"upstream", model, rest
+    return "/" + (parts[3].decode("latin-1") if len(parts) > 3 else "")
 
 
 # -- not scheduled -----------------------------------------------------------------------

@@ -315,12 +315,6 @@ def charset_with_too_many_query_fields(headers, query: bytes) -> bool:
     return charset and query.count(b"&") >= 1000
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="llamaswap_site/asgi.py: Django's request.encoding setter does hasattr(self, 'GET'), "
-    "which parses the query in ASGIRequest.__init__; TooManyFieldsSent escapes create_request "
-    "(it catches only UnicodeDecodeError and RequestDataTooBig) and daphne answers 500",
-)
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/metrics/activity"])
 async def test_a_charset_and_over_1000_query_fields_is_a_400(app, path):
     method = "POST" if path.startswith("/v1/") else "GET"

@@ -43,6 +43,7 @@ class Upstream(httpx.AsyncBaseTransport):
         self.reached = asyncio.Event()
         self._release = asyncio.Event()
         self.requests = 0
+        self.targets: list[bytes] = []
 
     def release(self) -> None:
         self._release.set()
@@ -61,6 +62,7 @@ class Upstream(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         self.requests += 1
+        self.targets.append(request.url.raw_path)
         await self.point("connecting")
         stream = json.loads(request.content or b"{}").get("stream", False)
         if stream:
@@ -204,7 +206,9 @@ async def test_a_fault_at_any_point_ends_the_turn(proxy, monkeypatch, point, fau
 
 
 async def test_a_malformed_upstream_url_is_refused_before_it_takes_a_turn(proxy):
-    call = Call(proxy.app, "/upstream/m/%01", b"", method="GET")
+    # Clients cannot send a raw control character through Twisted; an ASGI server that
+    # lets one through must not cost anybody the GPU.
+    call = Call(proxy.app, "/upstream/m/\x01", b"", method="GET")
     await call.done()
     assert call.status == 400, call.body
     assert json.loads(call.body)["error"]["code"] == "invalid_path"
@@ -214,3 +218,14 @@ async def test_a_malformed_upstream_url_is_refused_before_it_takes_a_turn(proxy)
     assert nxt.status == 200
     await idle(proxy.dispatcher)
     assert list(proxy.recorder.finished) == [nxt.request_id]  # never queued
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"/a%3Fb?q=1", b"/x%23y", b"/a%2Fb/c", b"/100%25", b"/v1/models", b"/"],
+)
+async def test_upstream_passthrough_sends_the_path_as_the_client_wrote_it(proxy, sent):
+    call = Call(proxy.app, "/upstream/m" + sent.decode(), b"", method="GET")
+    await call.done()
+    assert call.status == 200
+    assert proxy.upstream.targets == [sent]

@@ -42,6 +42,10 @@ class Command(BaseCommand):
         import daphne.server
         from daphne.server import Server
 
+        from llamaswap_site import http_server
+
+        http_server.install()  # protocol-level refusals (Twisted, daphne) as JSON errors
+
         from proxy.upstream import Upstreams
         from scheduler import runtime
         from scheduler.config import ConfigError, load_config
