@@ -22,6 +22,7 @@ skipped: the server still runs, with the stock answer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from http import HTTPStatus
@@ -134,13 +135,22 @@ def _write_error(transport: Any, status: int, code: str, message: str) -> None:
 # -- daphne: parsed, but refused before the application ------------------------------------
 
 _DAPHNE = {
-    "Invalid header name": ("invalid_header_name", "a header name has characters other than token characters"),
+    "Invalid header name": (
+        "invalid_header_name",
+        "a header name has characters other than token characters",
+    ),
     "Invalid header value": (
         "invalid_header_value",
         "a header value has a forbidden control character (VT, FF, FS, GS, RS or NEL)",
     ),
-    "Invalid characters in path": ("invalid_path", "the path has non-ASCII bytes: percent-encode them"),
-    "Invalid query string": ("invalid_query", "the query string has non-ASCII bytes: percent-encode them"),
+    "Invalid characters in path": (
+        "invalid_path",
+        "the path has non-ASCII bytes: percent-encode them",
+    ),
+    "Invalid query string": (
+        "invalid_query",
+        "the query string has non-ASCII bytes: percent-encode them",
+    ),
     "Exception inside application.": ("internal_error", "internal error: see the server log"),
     "Daphne HTTP processing error": ("internal_error", "internal error: see the server log"),
 }
@@ -166,3 +176,176 @@ def _basic_error(request: Any, status: int, status_text: bytes, body: str) -> No
         }
     )
     request.handle_reply({"type": "http.response.body", "body": error_body(status, message, code)})
+
+
+# -- Twisted: clients that are too slow, or send too much ----------------------------------
+#
+# Twisted reads a whole request (headers and body, the body into a file) before daphne
+# hands it to the application, so a client that stalls or trickles is invisible to the
+# app: its limits must be kept here, per connection. ``limits`` is the config's
+# ``limits:`` section (scheduler.config.RequestLimits).
+
+_LIMITS: list[Any] = []
+"""The limits in force (one element once :func:`install_limits` has run)."""
+
+
+def install_limits(limits: Any) -> bool:
+    """Apply ``limits`` to every connection daphne accepts from now on: the request line
+    and headers within ``header_timeout``, the body within ``body_timeout``, no pause over
+    ``body_idle_timeout`` (also the idle time of a kept-alive connection), and no body over
+    ``max_body_bytes`` (answered 413 before it is read). Returns False, logged, when the
+    daphne hook is gone (the server runs with Twisted's defaults)."""
+    from daphne.http_protocol import HTTPFactory
+
+    _LIMITS[:] = [limits]
+    current = HTTPFactory.__dict__.get("buildProtocol")
+    if current is None:
+        log.warning("cannot apply request limits: daphne's HTTPFactory.buildProtocol is gone")
+        return False
+    if getattr(current, "_llamaswap", False):
+        return True
+    _ORIGINALS["buildProtocol"] = current
+
+    def buildProtocol(self: Any, addr: Any) -> Any:
+        protocol = current(self, addr)
+        if protocol is not None and _LIMITS:
+            _Guard(getattr(protocol, "_channel", protocol), _LIMITS[0])
+            protocol.timeOut = _LIMITS[0].body_idle_timeout or None
+        return protocol
+
+    buildProtocol._llamaswap = True  # type: ignore[attr-defined]
+    HTTPFactory.buildProtocol = buildProtocol
+    return True
+
+
+class _Guard:
+    """Deadlines on one HTTP/1.1 connection (a Twisted ``HTTPChannel``), hooked into the
+    channel's own methods so that nothing runs per byte but a counter."""
+
+    __slots__ = ("channel", "limits", "timer", "phase", "received", "_originals")
+
+    def __init__(self, channel: Any, limits: Any) -> None:
+        self.channel = channel
+        self.limits = limits
+        self.timer: Any = None
+        self.phase = "idle"  # idle -> headers -> body -> handling -> idle ...
+        self.received = 0
+        self._originals = {}
+        for name in (
+            "dataReceived",
+            "allHeadersReceived",
+            "allContentReceived",
+            "rawDataReceived",
+            "connectionLost",
+            "timeoutConnection",
+        ):
+            self._originals[name] = getattr(channel, name)
+            setattr(channel, name, getattr(self, name))
+
+    # The channel calls these (instance attributes shadow its methods).
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.phase == "idle" and data:
+            self.phase = "headers"
+            self._arm(self.limits.header_timeout, "request line and headers")
+        self._originals["dataReceived"](data)
+
+    def allHeadersReceived(self) -> None:
+        self._originals["allHeadersReceived"]()
+        length = self.channel.length
+        limit = self.limits.max_body_bytes
+        if length is not None and length > limit:
+            self._refuse(
+                413,
+                "request_too_large",
+                f"request body of {length} bytes is over the limit of {limit} bytes "
+                "(limits.maxBodyBytes)",
+            )
+            return
+        self.phase, self.received = "body", 0
+        if length != 0:  # else Twisted ends the request at once
+            self._arm(self.limits.body_timeout, "request body")
+
+    def rawDataReceived(self, data: bytes) -> None:
+        if self.phase == "body":
+            self.received += len(data)
+            limit = self.limits.max_body_bytes
+            if self.received > limit + 65536:  # chunked framing: a little slack
+                self._refuse(
+                    413,
+                    "request_too_large",
+                    f"request body is over the limit of {limit} bytes (limits.maxBodyBytes)",
+                )
+                return
+        self._originals["rawDataReceived"](data)
+
+    def allContentReceived(self) -> None:
+        self.phase = "handling"
+        self._cancel()
+        self._originals["allContentReceived"]()
+        # The next request on this connection starts its own header deadline.
+        self.phase = "idle"
+
+    def connectionLost(self, reason: Any) -> None:
+        self._cancel()
+        self._originals["connectionLost"](reason)
+
+    def timeoutConnection(self) -> None:
+        if self.phase in ("headers", "body"):
+            self._log_cut(
+                f"no byte for {self.limits.body_idle_timeout:g}s", "limits.bodyIdleTimeout"
+            )
+            self._cancel()
+            _write_error(
+                self.channel.transport,
+                408,
+                "request_timeout",
+                "the request stopped arriving (limits.bodyIdleTimeout)",
+            )
+        self._originals["timeoutConnection"]()
+
+    # Deadlines.
+
+    def _arm(self, seconds: float, what: str) -> None:
+        self._cancel()
+        if seconds:
+            from twisted.internet import reactor
+
+            self.timer = reactor.callLater(seconds, self._expired, what, seconds)
+
+    def _cancel(self) -> None:
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+        self.timer = None
+
+    def _expired(self, what: str, seconds: float) -> None:
+        self.timer = None
+        key = "limits.headerTimeout" if self.phase == "headers" else "limits.bodyTimeout"
+        self._log_cut(f"{what} not complete after {seconds:g}s", key)
+        self._refuse(
+            408, "request_timeout", f"the {what} did not arrive within {seconds:g}s ({key})"
+        )
+
+    def _refuse(self, status: int, code: str, message: str) -> None:
+        self._cancel()
+        self.phase = "refused"
+        transport = self.channel.transport
+        _write_error(transport, status, code, message)
+        transport.loseConnection()
+        # Stop reading what is left of the request.
+        self.channel.setTimeout(None)
+        with contextlib.suppress(Exception):
+            transport.pauseProducing()
+
+    def _log_cut(self, why: str, key: str) -> None:
+        peer = self.channel.transport.getPeer()
+        log.warning(
+            "slow client cut off: %s (%s)",
+            why,
+            key,
+            extra={
+                "client": f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}",
+                "phase": self.phase,
+                "received": self.received,
+            },
+        )

@@ -60,6 +60,7 @@ class Command(BaseCommand):
         except ConfigError as error:
             raise CommandError(f"config {path}: {error}") from None
         prepare_server()  # state dir, subreaper, kill what dead instances left (scheduler.process)
+        http_server.install_limits(config.limits)  # slow or oversized clients, per connection
         for warning in config.warnings:
             self.stderr.write(f"warning: {warning}")
         host, port = parse_listen(options["listen"])
