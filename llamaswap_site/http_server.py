@@ -209,7 +209,8 @@ def install_limits(limits: Any) -> bool:
     def buildProtocol(self: Any, addr: Any) -> Any:
         protocol = current(self, addr)
         if protocol is not None and _LIMITS:
-            _Guard(getattr(protocol, "_channel", protocol), _LIMITS[0])
+            channel = getattr(protocol, "_channel", protocol)
+            channel.__class__ = _guarded(type(channel))
             protocol.timeOut = _LIMITS[0].body_idle_timeout or None
         return protocol
 
@@ -218,134 +219,127 @@ def install_limits(limits: Any) -> bool:
     return True
 
 
-class _Guard:
-    """Deadlines on one HTTP/1.1 connection (a Twisted ``HTTPChannel``), hooked into the
-    channel's own methods so that nothing runs per byte but a counter."""
+_GUARDED: dict[type, type] = {}
 
-    __slots__ = ("channel", "limits", "timer", "phase", "received", "_originals")
 
-    def __init__(self, channel: Any, limits: Any) -> None:
-        self.channel = channel
-        self.limits = limits
-        self.timer: Any = None
-        self.phase = "idle"  # idle -> headers -> body -> handling -> idle ...
-        self.received = 0
-        self._originals = {}
-        for name in (
-            "dataReceived",
-            "allHeadersReceived",
-            "allContentReceived",
-            "rawDataReceived",
-            "connectionLost",
-            "timeoutConnection",
-        ):
-            self._originals[name] = getattr(channel, name)
-            setattr(channel, name, getattr(self, name))
+def _guarded(channel_class: type) -> type:
+    """``channel_class`` with the deadlines of :class:`_GuardMixin` (built once per class).
+    A connection's channel is switched to it, so the guard costs a connection three
+    attributes, not a set of bound methods."""
+    guarded = _GUARDED.get(channel_class)
+    if guarded is None:
+        guarded = type(f"Guarded{channel_class.__name__}", (_GuardMixin, channel_class), {})
+        _GUARDED[channel_class] = guarded
+    return guarded
 
-    # The channel calls these (instance attributes shadow its methods).
+
+class _GuardMixin:
+    """Deadlines on one HTTP/1.1 connection (a Twisted ``HTTPChannel``): nothing per byte
+    but a counter while a body arrives. Phases: idle -> headers -> body -> idle ..."""
+
+    _ls_phase = "idle"
+    _ls_timer: Any = None
+    _ls_received = 0
 
     def dataReceived(self, data: bytes) -> None:
-        if self.phase == "idle" and data:
-            self.phase = "headers"
-            self._arm(self.limits.header_timeout, "request line and headers")
-        self._originals["dataReceived"](data)
+        if self._ls_phase == "idle" and data:
+            self._ls_phase = "headers"
+            self._ls_arm(_LIMITS[0].header_timeout, "request line and headers")
+        super().dataReceived(data)  # type: ignore[misc]
 
     def allHeadersReceived(self) -> None:
-        self._originals["allHeadersReceived"]()
-        length = self.channel.length
-        limit = self.limits.max_body_bytes
-        if length is not None and length > limit:
-            self._refuse(
+        super().allHeadersReceived()  # type: ignore[misc]
+        limits = _LIMITS[0]
+        length = self.length  # type: ignore[attr-defined]
+        if length is not None and length > limits.max_body_bytes:
+            self._ls_refuse(
                 413,
                 "request_too_large",
-                f"request body of {length} bytes is over the limit of {limit} bytes "
-                "(limits.maxBodyBytes)",
+                f"request body of {length} bytes is over the limit of "
+                f"{limits.max_body_bytes} bytes (limits.maxBodyBytes)",
             )
             return
-        self.phase, self.received = "body", 0
+        self._ls_phase, self._ls_received = "body", 0
         if length != 0:  # else Twisted ends the request at once
-            self._arm(self.limits.body_timeout, "request body")
+            self._ls_arm(limits.body_timeout, "request body")
 
     def rawDataReceived(self, data: bytes) -> None:
-        if self.phase == "body":
-            self.received += len(data)
-            limit = self.limits.max_body_bytes
-            if self.received > limit + 65536:  # chunked framing: a little slack
-                self._refuse(
+        if self._ls_phase == "body":
+            self._ls_received += len(data)
+            limit = _LIMITS[0].max_body_bytes
+            if self._ls_received > limit + 65536:  # chunked framing: a little slack
+                self._ls_refuse(
                     413,
                     "request_too_large",
                     f"request body is over the limit of {limit} bytes (limits.maxBodyBytes)",
                 )
                 return
-        self._originals["rawDataReceived"](data)
+        super().rawDataReceived(data)  # type: ignore[misc]
 
     def allContentReceived(self) -> None:
-        self.phase = "handling"
-        self._cancel()
-        self._originals["allContentReceived"]()
+        self._ls_phase = "handling"
+        self._ls_cancel()
+        super().allContentReceived()  # type: ignore[misc]
         # The next request on this connection starts its own header deadline.
-        self.phase = "idle"
+        self._ls_phase = "idle"
 
     def connectionLost(self, reason: Any) -> None:
-        self._cancel()
-        self._originals["connectionLost"](reason)
+        self._ls_cancel()
+        super().connectionLost(reason)  # type: ignore[misc]
 
     def timeoutConnection(self) -> None:
-        if self.phase in ("headers", "body"):
-            self._log_cut(
-                f"no byte for {self.limits.body_idle_timeout:g}s", "limits.bodyIdleTimeout"
-            )
-            self._cancel()
+        if self._ls_phase in ("headers", "body"):
+            seconds = _LIMITS[0].body_idle_timeout
+            self._ls_log(f"no byte for {seconds:g}s", "limits.bodyIdleTimeout")
+            self._ls_cancel()
             _write_error(
-                self.channel.transport,
+                self.transport,  # type: ignore[attr-defined]
                 408,
                 "request_timeout",
                 "the request stopped arriving (limits.bodyIdleTimeout)",
             )
-        self._originals["timeoutConnection"]()
+        super().timeoutConnection()  # type: ignore[misc]
 
-    # Deadlines.
-
-    def _arm(self, seconds: float, what: str) -> None:
-        self._cancel()
+    def _ls_arm(self, seconds: float, what: str) -> None:
+        self._ls_cancel()
         if seconds:
             from twisted.internet import reactor
 
-            self.timer = reactor.callLater(seconds, self._expired, what, seconds)
+            self._ls_timer = reactor.callLater(seconds, self._ls_expired, what, seconds)
 
-    def _cancel(self) -> None:
-        if self.timer is not None and self.timer.active():
-            self.timer.cancel()
-        self.timer = None
+    def _ls_cancel(self) -> None:
+        timer = self._ls_timer
+        if timer is not None and timer.active():
+            timer.cancel()
+        self._ls_timer = None
 
-    def _expired(self, what: str, seconds: float) -> None:
-        self.timer = None
-        key = "limits.headerTimeout" if self.phase == "headers" else "limits.bodyTimeout"
-        self._log_cut(f"{what} not complete after {seconds:g}s", key)
-        self._refuse(
+    def _ls_expired(self, what: str, seconds: float) -> None:
+        self._ls_timer = None
+        key = "limits.headerTimeout" if self._ls_phase == "headers" else "limits.bodyTimeout"
+        self._ls_log(f"{what} not complete after {seconds:g}s", key)
+        self._ls_refuse(
             408, "request_timeout", f"the {what} did not arrive within {seconds:g}s ({key})"
         )
 
-    def _refuse(self, status: int, code: str, message: str) -> None:
-        self._cancel()
-        self.phase = "refused"
-        transport = self.channel.transport
+    def _ls_refuse(self, status: int, code: str, message: str) -> None:
+        self._ls_cancel()
+        self._ls_phase = "refused"
+        transport = self.transport  # type: ignore[attr-defined]
         _write_error(transport, status, code, message)
         transport.loseConnection()
-        # Stop reading what is left of the request.
-        self.channel.setTimeout(None)
+        self.setTimeout(None)  # type: ignore[attr-defined]
         with contextlib.suppress(Exception):
-            transport.pauseProducing()
+            transport.pauseProducing()  # read no more of the request
 
-    def _log_cut(self, why: str, key: str) -> None:
-        peer = self.channel.transport.getPeer()
+    def _ls_log(self, why: str, key: str) -> None:
+        peer = self.transport.getPeer()  # type: ignore[attr-defined]
         log.warning(
             "slow client cut off: %s (%s)",
             why,
             key,
             extra={
                 "client": f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}",
-                "phase": self.phase,
-                "received": self.received,
+                "phase": self._ls_phase,
+                "received": self._ls_received,
             },
         )
