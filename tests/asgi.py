@@ -23,6 +23,27 @@ from scheduler.dispatcher import Dispatcher, Outcome
 from scheduler.testing import FakeProcessFactory
 
 
+def http_scope(
+    method: str, raw_path: str, query: bytes = b"", headers: list[tuple[bytes, bytes]] = ()
+) -> dict:
+    """An HTTP scope as daphne builds it: ``raw_path`` as on the request line
+    (percent-escaped), ``path`` what daphne makes of it (``unquote``), lowercase headers."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": urllib.parse.unquote(raw_path),
+        "raw_path": raw_path.encode("latin-1"),
+        "query_string": query,
+        "root_path": "",
+        "headers": [(k.lower(), v) for k, v in headers],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8080),
+    }
+
+
 class Recorder:
     def __init__(self) -> None:
         self.finished: dict[str, Outcome | None] = {}
@@ -63,20 +84,7 @@ class Call:
         request_headers = [(b"host", b"127.0.0.1:8080"), (b"content-type", content_type), *headers]
         if announce_length:
             request_headers.append((b"content-length", str(len(body)).encode()))
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": method,
-            "scheme": "http",
-            "path": urllib.parse.unquote(path_part),
-            "raw_path": path_part.encode(),
-            "query_string": query.encode(),
-            "root_path": "",
-            "headers": request_headers,
-            "client": ("127.0.0.1", 50000),
-            "server": ("127.0.0.1", 8080),
-        }
+        scope = http_scope(method, path_part, query.encode(), request_headers)
         size = chunk or max(1, len(body))
         self._pieces = [body[i : i + size] for i in range(0, len(body), size)] or [b""]
         self._stall_after = stall_after

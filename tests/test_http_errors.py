@@ -18,7 +18,6 @@ import sys
 import textwrap
 import time
 from dataclasses import dataclass, field
-from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -29,6 +28,7 @@ from scheduler import runtime
 from scheduler.config import parse_config
 from scheduler.dispatcher import Dispatcher
 from scheduler.testing import FakeProcessFactory
+from tests.asgi import http_scope
 from tests.server import ROOT, descendants, free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
@@ -99,20 +99,7 @@ class App:
         """``raw_path`` as on the request line (percent-escaped ASCII): the scope gets what
         daphne makes of it (``unquote``). A streaming answer is read to its first chunk,
         then the client hangs up (``http.disconnect``, as daphne sends it)."""
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": method,
-            "scheme": "http",
-            "path": unquote(raw_path),
-            "raw_path": raw_path.encode("ascii"),
-            "root_path": "",
-            "query_string": query,
-            "headers": [(k.lower(), v) for k, v in (headers or [])],
-            "client": ["127.0.0.1", 40000],
-            "server": ["127.0.0.1", 8080],
-        }
+        scope = http_scope(method, raw_path, query, headers or [])
         messages = []
         hang_up = asyncio.Event()
         pending = [{"type": "http.request", "body": body, "more_body": False}]

@@ -1,0 +1,102 @@
+"""Before and after on the same machine: ``python -m bench.ab REV [--rounds N]``.
+
+These machines drift by 2x between runs, so a figure from an earlier session says little
+about a change. This runs the proxy benchmark's latency, stream and waiting-memory phases
+for the code at ``REV`` (a git worktree in a temporary folder) and for the working tree,
+interleaved round by round, each in a fresh server, and prints the medians side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Runs inside the tree under test, with that tree's bench/bench_proxy.py.
+PROBE = r"""
+import asyncio, gc, json, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from bench import bench_proxy as b
+b.WAITING = 4000
+out = {}
+tmp = Path(tempfile.mkdtemp())
+s = b.Server(tmp, "fifo", "fifo", False)
+try:
+    s.wait_ready()
+    with b.Conn(s.port, timeout=60) as c:
+        c.send(b.post_bytes(s.port, b.CHAT))
+    gc.disable()
+    for stream in (False, True):
+        lat = b.latency(s, stream=stream)
+        key = "sse" if stream else "json"
+        out[key + "_p50_ms"] = lat.ms("proxy", 0.5)
+        out[key + "_p99_ms"] = lat.ms("proxy", 0.99)
+    gc.enable()
+    out["stream_chunks_s"] = b.stream_rate(s.port)["chunks_s"]
+finally:
+    s.stop()
+s = b.Server(tmp, "serial", "serial", False)
+try:
+    s.wait_ready()
+    with b.Conn(s.port, timeout=60) as c:
+        for _ in range(50):
+            c.send(b.post_bytes(s.port, b.CHAT))
+    w = asyncio.run(b._waiting(s))
+    out["kb_per_waiting"] = (w["rss_during"] - w["rss_before"]) / w["waiting"]
+finally:
+    s.stop()
+print("AB " + json.dumps(out))
+"""
+
+
+def probe(tree: Path) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tree)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("AB "):
+            return json.loads(line[3:])
+    raise RuntimeError(f"probe failed in {tree}: {done.stderr[-2000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__)
+    parser.add_argument("rev", help="the git revision to compare with, e.g. HEAD~5")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    before = Path(tempfile.mkdtemp(prefix="bench-ab-")) / "tree"
+    subprocess.run(
+        ["git", "worktree", "add", "-f", str(before), args.rev],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    results: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    try:
+        for n in range(args.rounds):
+            for name, tree in (("before", before), ("after", ROOT)):
+                print(f"round {n + 1}: {name} ...", flush=True)
+                results[name].append(probe(tree))
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT)
+    print(f"\n| measure (median of {args.rounds}) | {args.rev} | working tree | after/before |")
+    print("| --- | --: | --: | --: |")
+    for key in results["before"][0]:
+        b = statistics.median(r[key] for r in results["before"])
+        a = statistics.median(r[key] for r in results["after"])
+        print(f"| {key} | {b:,.2f} | {a:,.2f} | {a / b:.2f}× |")
+
+
+if __name__ == "__main__":
+    main()
