@@ -7,7 +7,7 @@ finishes (``dispatcher.finish``) and the gap is the time until the next request'
 ``ticket.wait()`` returns in its task. Then a fresh request arrives to keep 1,000
 waiting, and the loop yields so the dispatcher files it before the next finish.
 
-"Recording on" adds the activity log's :class:`~scheduler.recorder.Recorder` writing to a
+"Recording on" adds the activity log's :class:`~activity.recorder.Recorder` writing to a
 real SQLite database (a temporary file, WAL mode, migrated) plus the /metrics observer;
 "off" has no observer. Both run in the same process, alternating in rounds so drift on
 the machine hits both alike. GC stays on: allocation is part of what recording costs.
@@ -44,7 +44,7 @@ def _setup_django(db_path: Path) -> None:
         django.setup()
     from django.core.management import call_command
 
-    call_command("migrate", "scheduler", verbosity=0)
+    call_command("migrate", "activity", verbosity=0)
 
 
 def _config():
@@ -56,9 +56,9 @@ def _config():
 
 async def _run(record: bool, steps: int, seed: int) -> tuple[list[int], int]:
     """Gaps in ns, and how many records the recorder dropped."""
+    from activity.metrics import MetricsObserver
+    from activity.recorder import Recorder
     from scheduler.dispatcher import Dispatcher, Outcome
-    from scheduler.metrics import MetricsObserver
-    from scheduler.recorder import Recorder
     from scheduler.testing import FakeProcessFactory
 
     config = _config()
@@ -140,7 +140,7 @@ def main() -> str:
         _setup_django(Path(tmp) / "bench.sqlite3")
         # Two INFO lines per request to the terminal would dominate both modes alike.
         logging.getLogger("llamaswap").setLevel(logging.WARNING)
-        from scheduler.models import RequestRecord
+        from activity.models import RequestRecord
 
         samples, dropped = measure()
         rows_saved = RequestRecord.objects.count()

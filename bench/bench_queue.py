@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 
 from bench import fmt_us, machine, markdown_table, quantile_us
-from scheduler.policy import QueuedRequest, SchedulerSettings, Term
-from scheduler.queue import WaitingQueue
+from scheduler.core.policy import QueuedRequest, SchedulerSettings, Term
+from scheduler.core.queue import WaitingQueue
 
 SIZES = (1_000, 10_000, 100_000)
 MODELS = tuple(f"m{k:02d}" for k in range(20))

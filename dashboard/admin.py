@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from dashboard import settings_store
 from dashboard.models import SchedulerSettingsRecord, SettingsChange
-from scheduler.policy import (
+from scheduler.core.policy import (
     KEY_AGING,
     KEY_BONUS,
     KEY_FIFO,

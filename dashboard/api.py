@@ -1,4 +1,4 @@
-"""The activity log's JSON API: read-only views over ``scheduler.models.RequestRecord``.
+"""The activity log's JSON API: read-only views over ``activity.models.RequestRecord``.
 
 * ``GET /api/metrics/activity`` (llama-swap's path): rows newest first, filtered and
   paged. Each row's ``metadata`` holds the spec's keys ("Observability") with their exact
@@ -19,9 +19,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from activity.models import RequestRecord
 from proxy.errors import echo, error_response
-from scheduler.models import RequestRecord
-from scheduler.priority import BANDS
+from scheduler.core.priority import BANDS
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000

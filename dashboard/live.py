@@ -30,8 +30,8 @@ from dashboard.snapshot import (
     empty_snapshot,
     sample,
 )
-from scheduler.policy import SchedulerSettings
-from scheduler.priority import BANDS, Band
+from scheduler.core.policy import SchedulerSettings
+from scheduler.core.priority import BANDS, Band
 from scheduler.process import ModelState
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from dashboard.models import SchedulerSettingsRecord, SettingsChange
-from scheduler.policy import SchedulerSettings
+from scheduler.core.policy import SchedulerSettings
 
 log = logging.getLogger("llamaswap.settings")
 

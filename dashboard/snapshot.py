@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from scheduler.policy import Decision, Ranked, SchedulerSettings, Term
-from scheduler.priority import BANDS, Band, band_of
-from scheduler.queue import BandStats
+from scheduler.core.policy import Decision, Ranked, SchedulerSettings, Term
+from scheduler.core.priority import BANDS, Band, band_of
+from scheduler.core.queue import BandStats
 
 WAITING_CAP = 50
 """Waiting requests sent on the wire; the rest are only counted."""

@@ -25,7 +25,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 from dashboard import live
 from dashboard.explain import explain
 from proxy.errors import echo, error_page
-from scheduler.priority import BANDS
+from scheduler.core.priority import BANDS
 
 PAGE_SIZE = 50
 
@@ -59,7 +59,7 @@ async def dashboard(request: HttpRequest) -> HttpResponse:
 
 
 def _records():
-    from scheduler.models import RequestRecord
+    from activity.models import RequestRecord
 
     return RequestRecord.objects
 

@@ -41,8 +41,10 @@ INSTALLED_APPS = [
     "channels",
     "django_prometheus",
     "scheduler",
+    "activity",
     "proxy",
     "dashboard",
+    "llamaswap_site",  # the composition: `serve` wires the dispatcher, proxy and dashboard
 ]
 
 # The proxy endpoints bypass this stack (see llamaswap_site/asgi.py): every sync
@@ -103,7 +105,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     )
 _db["ENGINE"] = _PROMETHEUS_ENGINES.get(_db["ENGINE"], _db["ENGINE"])
 
-# The activity log (scheduler.recorder): on by default; rows older than the days or
+# The activity log (activity.recorder): on by default; rows older than the days or
 # beyond the newest rows are pruned in the background (and by `manage.py prune_activity`).
 ACTIVITY_RECORDING = envbool("ACTIVITY_RECORDING", "true")
 ACTIVITY_RETENTION_DAYS = envint("ACTIVITY_RETENTION_DAYS", 30)

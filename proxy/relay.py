@@ -31,8 +31,8 @@ from proxy.turn import Turn
 from proxy.upstream import forward_headers, response_headers
 from scheduler import runtime
 from scheduler.config import ModelConfig
+from scheduler.core.priority import HEADER, parse_priority
 from scheduler.dispatcher import Outcome, Refused, Ticket
-from scheduler.priority import HEADER, parse_priority
 from scheduler.process import ModelStartError
 
 log = logging.getLogger("llamaswap.proxy")

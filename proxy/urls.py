@@ -1,8 +1,8 @@
 from django.urls import path, re_path
 
+from activity.metrics import metrics_view
 from proxy import views
 from proxy.errors import allow_methods
-from scheduler.metrics import metrics_view
 
 INFERENCE_PATHS = [
     "v1/chat/completions",

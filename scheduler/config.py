@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from scheduler.policy import (
+from scheduler.core.policy import (
     DEFAULT_AGING_DIVISOR,
     DEFAULT_SWAP_AFFINITY_BONUS,
     KEY_FIFO,
@@ -53,7 +53,7 @@ from scheduler.policy import (
     SchedulerSettings,
     SettingsError,
 )
-from scheduler.priority import BANDS
+from scheduler.core.priority import BANDS
 
 DEFAULT_HEALTH_CHECK_TIMEOUT = 120
 MIN_HEALTH_CHECK_TIMEOUT = 15
@@ -411,7 +411,7 @@ def split_command(text: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- YAML
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no type hints here
     """SafeLoader that rejects a key defined twice in one mapping, as llama-swap's YAML does.
 
     PyYAML silently keeps the last one, which would hide a duplicated model id. Keys that

@@ -2,7 +2,7 @@
 
 Events come in through an inbox (a request arrived, its client went away, it finished, a
 model became ready or failed or exited, settings changed, an unload was asked for); the
-task applies each to its state, asks the pure core (:mod:`scheduler.queue`) which request
+task applies each to its state, asks the pure core (:mod:`scheduler.core.queue`) which request
 goes next, and carries out the effects (grant a request, start or stop a model). Nothing
 else touches the queue or the processes, so there are no locks.
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import itertools
 import logging
 import math
@@ -31,10 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from scheduler.config import Config, ModelConfig
-from scheduler.policy import Decision, Policy, QueuedRequest, SchedulerSettings
-from scheduler.priority import Band
+from scheduler.core.policy import Decision, Policy, QueuedRequest, SchedulerSettings
+from scheduler.core.priority import Band
+from scheduler.core.queue import WaitingQueue
 from scheduler.process import LogBuffer, ModelProcess, ModelStartError, ModelState
-from scheduler.queue import WaitingQueue
 
 log = logging.getLogger("llamaswap.dispatcher")
 
@@ -345,7 +346,7 @@ class Dispatcher:
             # A plain weakref with a callback: no global registry (as weakref.finalize
             # keeps), a few hundred bytes less per waiting request. Dropping it (``guard
             # = None``, when the ticket ends) cancels the callback.
-            ticket.guard = weakref.ref(owner, lambda _, ticket=ticket: self._abandoned(ticket))
+            ticket.guard = weakref.ref(owner, functools.partial(self._owner_gone, ticket))
         if self._closing:
             ticket.state = TicketState.DONE
             ticket.outcome = Outcome.REJECTED
@@ -394,6 +395,9 @@ class Dispatcher:
         """The model this ticket was granted to stopped answering and failed its health
         check: stop it (the next request for it starts it afresh)."""
         self._inbox.put_nowait(_Unhealthy(ticket.model.id, ticket.generation))
+
+    def _owner_gone(self, ticket: Ticket, _ref: weakref.ref[Any]) -> None:
+        self._abandoned(ticket)
 
     def _abandoned(self, ticket: Ticket) -> None:
         """The ticket's owner was collected with the ticket open (see :meth:`submit`)."""

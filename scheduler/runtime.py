@@ -1,16 +1,17 @@
 """The running server's shared objects: the config, the dispatcher, the upstream clients.
 
-``manage.py serve`` installs them before daphne starts; views read them. Tests that run
-the app in-process install their own.
+The composition (``llamaswap_site``: the ``serve`` command) builds them and installs them
+here before daphne starts; views, consumers and the metrics collector read them. It is a
+holder, not a wiring: it lives in this lower layer so that nothing below
+``llamaswap_site`` has to import it. Tests that run the app in-process install their own.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from proxy.upstream import Upstreams
     from scheduler.config import Config
     from scheduler.dispatcher import Dispatcher
 
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 class Runtime:
     config: Config
     dispatcher: Dispatcher
-    upstreams: Upstreams
+    upstreams: Any
+    """The proxy's HTTP clients (``proxy.upstream.Upstreams``)."""
 
 
 _current: Runtime | None = None

@@ -18,10 +18,10 @@ from django.db import OperationalError
 from django.test import Client
 from prometheus_client import REGISTRY
 
+from activity.models import RequestRecord
+from activity.recorder import Recorder, prune, write_records
 from scheduler.config import parse_config
 from scheduler.dispatcher import Dispatcher, Outcome
-from scheduler.models import RequestRecord
-from scheduler.recorder import Recorder, prune, write_records
 from scheduler.testing import FakeProcessFactory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(20)]

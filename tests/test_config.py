@@ -24,7 +24,7 @@ from scheduler.config import (
     parse_config,
     split_command,
 )
-from scheduler.policy import KEY_AGING, KEY_BONUS, KEY_FIFO, KEY_USE, Policy, SchedulerSettings
+from scheduler.core.policy import KEY_AGING, KEY_BONUS, KEY_FIFO, KEY_USE, Policy, SchedulerSettings
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,8 +17,8 @@ from channels.testing import WebsocketCommunicator
 from dashboard.consumers import DashboardConsumer
 from dashboard.live import LiveObserver
 from scheduler.config import Config, ModelConfig
+from scheduler.core.policy import SchedulerSettings
 from scheduler.dispatcher import Dispatcher, Outcome
-from scheduler.policy import SchedulerSettings
 from scheduler.testing import FakeProcessFactory
 
 # Channels closes stale database connections around each consumer event: allow it.

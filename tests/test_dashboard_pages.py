@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from scheduler.models import RequestRecord
+from activity.models import RequestRecord
 
 pytestmark = pytest.mark.django_db
 

@@ -10,9 +10,9 @@ import pytest
 
 from dashboard.explain import explain
 from dashboard.snapshot import build_snapshot, decision_record, empty_snapshot, sample
-from scheduler.policy import Decision, Policy, QueuedRequest, SchedulerSettings, Term
-from scheduler.priority import Band
-from scheduler.queue import BandStats, WaitingQueue
+from scheduler.core.policy import Decision, Policy, QueuedRequest, SchedulerSettings, Term
+from scheduler.core.priority import Band
+from scheduler.core.queue import BandStats, WaitingQueue
 
 SETTINGS = SchedulerSettings.create(aging_divisor=60, swap_affinity_bonus=10)
 

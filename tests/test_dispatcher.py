@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 
 from scheduler.config import parse_config
+from scheduler.core.policy import SchedulerSettings
 from scheduler.dispatcher import (
     Dispatcher,
     Outcome,
@@ -21,7 +22,6 @@ from scheduler.dispatcher import (
     TicketState,
     WaitExpired,
 )
-from scheduler.policy import SchedulerSettings
 from scheduler.process import ModelStartError, ModelState
 from scheduler.testing import FakeProcessFactory
 

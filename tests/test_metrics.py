@@ -11,9 +11,9 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from activity.metrics import MetricsObserver, QueueCollector, export
 from scheduler.config import parse_config
 from scheduler.dispatcher import Dispatcher, Outcome
-from scheduler.metrics import MetricsObserver, QueueCollector, export
 from scheduler.testing import FakeProcessFactory
 
 pytestmark = pytest.mark.timeout(10)

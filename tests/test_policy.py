@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from scheduler.policy import Policy, QueuedRequest, SchedulerSettings, SettingsError, Term
-from scheduler.queue import WaitingQueue
+from scheduler.core.policy import Policy, QueuedRequest, SchedulerSettings, SettingsError, Term
+from scheduler.core.queue import WaitingQueue
 
 
 def order(requests, *, loaded=None, now=None, **settings):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler.priority import Band, band_of, parse_priority
+from scheduler.core.priority import Band, band_of, parse_priority
 
 
 @pytest.mark.parametrize(

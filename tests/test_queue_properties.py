@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from scheduler.policy import Policy, QueuedRequest, SchedulerSettings, Term
-from scheduler.queue import WaitingQueue
+from scheduler.core.policy import Policy, QueuedRequest, SchedulerSettings, Term
+from scheduler.core.queue import WaitingQueue
 
 MODELS = ["a", "b", "c", "d"]
 # Dyadic divisors and times keep every float exact, so near-ties compare the same way.

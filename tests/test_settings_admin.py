@@ -11,7 +11,7 @@ from dashboard.models import SchedulerSettingsRecord, SettingsChange
 from dashboard.settings_store import apply_at_start, apply_at_start_or_config, save_admin_edit
 from scheduler import runtime
 from scheduler.config import Config
-from scheduler.policy import SchedulerSettings
+from scheduler.core.policy import SchedulerSettings
 
 pytestmark = pytest.mark.django_db
 

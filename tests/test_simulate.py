@@ -8,9 +8,9 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from scheduler.policy import SchedulerSettings, Term
-from scheduler.priority import Band, band_of
-from scheduler.simulate import (
+from scheduler.core.policy import SchedulerSettings, Term
+from scheduler.core.priority import Band, band_of
+from scheduler.core.simulate import (
     TraceError,
     TraceRequest,
     format_duration,

@@ -1,7 +1,7 @@
 """``manage.py simulate``: replay a JSONL trace through the scheduler on a virtual clock.
 
 Parses arguments and files, then loops over settings variants; the work is in
-scheduler/simulate.py (pure).
+scheduler/core/simulate.py (pure).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduler.policy import SchedulerSettings, SettingsError
-from scheduler.simulate import (
+from scheduler.core.policy import SchedulerSettings, SettingsError
+from scheduler.core.simulate import (
     DEFAULT_LOAD_SECONDS,
     GENERATED_LOAD_SECONDS,
     TraceError,

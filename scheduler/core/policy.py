@@ -23,7 +23,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from scheduler.priority import Band, band_of
+from scheduler.core.priority import Band, band_of
 
 
 class Policy(StrEnum):

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.policy import (
+from scheduler.core.policy import (
     DEFAULT_AGING_DIVISOR,
     DEFAULT_SWAP_AFFINITY_BONUS,
     QueuedRequest,
@@ -30,8 +30,8 @@ from scheduler.policy import (
     SettingsError,
     Term,
 )
-from scheduler.priority import BANDS, Band, parse_priority
-from scheduler.queue import WaitingQueue
+from scheduler.core.priority import BANDS, Band, parse_priority
+from scheduler.core.queue import WaitingQueue
 
 DEFAULT_LOAD_SECONDS = 20.0
 

@@ -72,7 +72,7 @@ class Command(BaseCommand):
         stored = apply_at_start_or_config(config.scheduler)
         config = dataclasses.replace(config, scheduler=stored.settings)
 
-        from scheduler.observers import build_observers
+        from llamaswap_site.observers import build_observers
 
         observers = build_observers(config)
         dispatcher = Dispatcher(config, observers=observers)

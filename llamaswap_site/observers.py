@@ -1,4 +1,5 @@
-"""The dispatcher's observers for a running server (metrics, records, dashboard)."""
+"""The dispatcher's observers for a running server: the wiring of the layers above the
+scheduler (the activity log and metrics, the dashboard's live updates) into it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from scheduler.config import Config
 
 
 def build_observers(config: Config) -> list:
-    from dashboard.live import LiveObserver  # the dashboard's live updates (issue 5)
+    from dashboard.live import LiveObserver  # pushes snapshots to the dashboard's websockets
 
     observers: list = []
     observers.append(LiveObserver())
@@ -15,15 +16,15 @@ def build_observers(config: Config) -> list:
 
 
 def _activity_observers(config: Config) -> list:
-    """/metrics counters and the activity log (issue 4). The recorder only needs the
+    """/metrics counters and the activity log. The recorder only needs the
     database once its task runs; without tables it logs and drops, never blocks."""
     from django.conf import settings
 
-    from scheduler.metrics import MetricsObserver
+    from activity.metrics import MetricsObserver
 
     observers: list = [MetricsObserver(config)]
     if getattr(settings, "ACTIVITY_RECORDING", True):
-        from scheduler.recorder import Recorder
+        from activity.recorder import Recorder
 
         observers.append(
             Recorder(

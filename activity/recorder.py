@@ -34,9 +34,9 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from scheduler import metrics
+from activity import metrics
+from scheduler.core.policy import Policy, SchedulerSettings
 from scheduler.dispatcher import Outcome, Ticket
-from scheduler.policy import Policy, SchedulerSettings
 from scheduler.process import ModelState
 
 log = logging.getLogger("llamaswap.recorder")
@@ -55,7 +55,7 @@ _Item = tuple[Ticket, SchedulerSettings, float]
 
 
 class Recorder:
-    """Saves every finished inference request to :class:`scheduler.models.RequestRecord`.
+    """Saves every finished inference request to :class:`activity.models.RequestRecord`.
 
     ``await start()`` on the server's loop, ``await stop()`` at shutdown (flushes what
     it can). ``writer`` (for tests) replaces the database write: it gets the items of a
@@ -312,7 +312,7 @@ def _int(value: Any) -> int | None:
 
 
 def record_fields(ticket: Ticket, settings: SchedulerSettings, finished: float) -> dict[str, Any]:
-    """The :class:`~scheduler.models.RequestRecord` fields for one finished ticket."""
+    """The :class:`~activity.models.RequestRecord` fields for one finished ticket."""
     d = ticket.decision
     outcome = ticket.outcome or Outcome.FAILED
     fields: dict[str, Any] = {
@@ -374,7 +374,7 @@ def record_fields(ticket: Ticket, settings: SchedulerSettings, finished: float) 
 
 
 def _band(priority: int) -> str:
-    from scheduler.priority import band_of
+    from scheduler.core.priority import band_of
 
     return band_of(priority).value
 
@@ -410,7 +410,7 @@ chunk's worth. The writer still saves several thousand rows a second."""
 def _statement() -> tuple[str, list[tuple[str, Callable[[Any], Any] | None, Any]]]:
     """``INSERT ... ON CONFLICT (request_id) DO NOTHING`` for the current connection, and
     per column (field name, adapter to a driver value or None, default)."""
-    from scheduler.models import RequestRecord
+    from activity.models import RequestRecord
 
     ops = connection.ops
     qn = ops.quote_name
@@ -520,7 +520,7 @@ def prune(days: int, rows: int, now: datetime | None = None, chunk: int = PRUNE_
     Deletes in chunks of ``chunk`` rows so that no single statement holds the database
     for long. Returns how many rows were deleted.
     """
-    from scheduler.models import RequestRecord
+    from activity.models import RequestRecord
 
     objects = RequestRecord.objects
     deleted = 0

@@ -25,9 +25,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from scheduler.core.policy import Term
+from scheduler.core.priority import BANDS, band_of
 from scheduler.dispatcher import Outcome
-from scheduler.policy import Term
-from scheduler.priority import BANDS, band_of
 from scheduler.process import ModelState
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from scheduler.recorder import prune
+from activity.recorder import prune
 
 
 class Command(BaseCommand):

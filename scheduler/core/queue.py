@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
-from scheduler.policy import (
+from scheduler.core.policy import (
     Decision,
     Policy,
     QueuedRequest,
@@ -36,7 +36,7 @@ from scheduler.policy import (
     SchedulerSettings,
     Term,
 )
-from scheduler.priority import BANDS, Band
+from scheduler.core.priority import BANDS, Band
 
 _Key = tuple[float, int]
 

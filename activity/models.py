@@ -1,9 +1,9 @@
 """The activity log: one row per inference request that reached the queue.
 
-Written by :mod:`scheduler.recorder` when the request's turn ends (completed, failed,
+Written by :mod:`activity.recorder` when the request's turn ends (completed, failed,
 cancelled while waiting or while running), read by ``dashboard.api``. A row carries the
 whole story: when it arrived, was picked and finished, and why it was picked (the
-:class:`~scheduler.policy.Decision`), so "why did my request take 20 minutes" has an
+:class:`~scheduler.core.policy.Decision`), so "why did my request take 20 minutes" has an
 answer after the fact, and the reorder columns make ``agingDivisor`` and
 ``swapAffinityBonus`` tunable from data.
 """
@@ -84,6 +84,7 @@ class RequestRecord(models.Model):
     timings = models.JSONField(null=True, blank=True)
 
     class Meta:
+        db_table = "scheduler_requestrecord"  # its table from before the activity app
         ordering = ("-arrived_at", "-id")
         indexes = (
             models.Index(fields=("arrived_at",), name="record_arrived"),
