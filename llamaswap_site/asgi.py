@@ -1,10 +1,12 @@
 """ASGI entry point served by daphne.
 
 Two Django handlers share one URLconf. The proxy endpoints (inference, /health, /logs,
-...) go to :class:`ProxyHandler`: no middleware and none of the per-request
+/metrics, ...: ``proxy.urls.PROXY_EXACT`` and ``PROXY_PREFIXES``) go to
+:class:`ProxyHandler`: no middleware and none of the per-request
 ``request_started``/``request_finished`` receivers, which under ASGI each cost a thread
-hop and an OS thread per waiting request (../shared/notes/asgi-performance.md). Pages
-(admin, dashboard, /metrics) go to Django's stock handler with the full middleware stack.
+hop and an OS thread per waiting request (halving memory per waiting request, see
+BENCHMARKS.md). Pages (admin, dashboard) go to :class:`PagesHandler`, Django's stock
+handler with the full middleware stack.
 """
 
 import asyncio
@@ -13,7 +15,6 @@ import gc
 import io
 import logging
 import os
-import sys
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llamaswap_site.settings")
 
@@ -236,24 +237,6 @@ def _close(response) -> None:
     response.closed = True
 
 
-def _skip_twisted_form_parsing() -> None:
-    """Under daphne, stop Twisted from parsing POST bodies as forms.
-
-    Daphne hands the raw body to the application and never reads Twisted's ``args``, yet
-    Twisted parses the Content-Type of every POST with :mod:`email` (which creates a new
-    class per call: CPU and cyclic garbage per request) and a whole multipart body into
-    ``args`` (an upload parsed twice). ``_parsePOSTFormSubmission`` is set per request in
-    ``Request.__init__``; a read-only property on daphne's request class pins it to False.
-    Only when daphne is already loaded: importing it here would install a reactor.
-    """
-    http_protocol = sys.modules.get("daphne.http_protocol")
-    if http_protocol is not None:
-        http_protocol.WebRequest._parsePOSTFormSubmission = property(
-            lambda self: False, lambda self, value: None
-        )
-
-
-_skip_twisted_form_parsing()
 
 
 def _build():

@@ -35,12 +35,15 @@ _ORIGINALS: dict[str, Any] = {}
 
 
 def install() -> list[str]:
-    """Install the JSON answers; returns the names of the hooks in place. Idempotent."""
+    """Install the JSON answers (and :func:`skip_twisted_form_parsing`); returns the names
+    of the hooks in place. Idempotent."""
     import daphne.server  # noqa: F401  (installs the asyncio reactor first, as serve does)
     from daphne.http_protocol import WebRequest
     from twisted.web.http import HTTPChannel
 
     installed = []
+    if skip_twisted_form_parsing():
+        installed.append("_parsePOSTFormSubmission")
     for cls, name, replacement in (
         (HTTPChannel, "_respondToBadRequestAndDisconnect", _bad_request),
         (HTTPChannel, "lineLengthExceeded", _line_too_long),
@@ -343,3 +346,33 @@ class _GuardMixin:
                 "received": self._ls_received,
             },
         )
+
+
+# -- Twisted: a POST body is parsed twice ---------------------------------------------------
+
+
+def skip_twisted_form_parsing() -> bool:
+    """Stop Twisted from parsing POST bodies as forms; True once in place.
+
+    Daphne hands the raw body to the application and never reads Twisted's ``args``, yet
+    Twisted parses the Content-Type of every POST with :mod:`email` (a new class per
+    call: CPU and cyclic garbage per request) and a whole multipart body into ``args`` (an
+    upload parsed twice). ``Request.requestReceived`` reads ``_parsePOSTFormSubmission``,
+    which ``Request.__init__`` sets per request; a read-only property on daphne's request
+    class pins it to False. ``tests/test_seams.py`` fails if Twisted stops reading it.
+    """
+    from daphne.http_protocol import WebRequest
+
+    if "_parsePOSTFormSubmission" not in _twisted_request_source():
+        log.warning("cannot skip Twisted's form parsing: _parsePOSTFormSubmission is gone")
+        return False
+    WebRequest._parsePOSTFormSubmission = property(lambda self: False, lambda self, value: None)
+    return True
+
+
+def _twisted_request_source() -> str:
+    import inspect
+
+    from twisted.web.http import Request
+
+    return inspect.getsource(Request)

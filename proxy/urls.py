@@ -21,7 +21,7 @@ INFERENCE_PATHS = [
     "completion",
 ]
 
-# Methods as llama-swap documents them (../shared/notes/llama-swap-reference.md); any
+# Methods as llama-swap documents them; any
 # other gets a JSON 405 with Allow. Inference checks for POST itself; /upstream passes
 # every method through.
 read = allow_methods("GET", "HEAD")

@@ -35,7 +35,7 @@ from scheduler.config import Config, ModelConfig
 from scheduler.core.policy import Decision, Policy, QueuedRequest, SchedulerSettings
 from scheduler.core.priority import Band
 from scheduler.core.queue import WaitingQueue
-from scheduler.process import LogBuffer, ModelProcess, ModelStartError, ModelState
+from scheduler.process import LogBuffer, ModelProcess, ModelProcessLike, ModelStartError, ModelState
 
 log = logging.getLogger("llamaswap.dispatcher")
 
@@ -190,14 +190,14 @@ class _Finished:
 @dataclass
 class _SwapDone:
     model: str
-    process: ModelProcess | None
+    process: ModelProcessLike | None
     error: ModelStartError | None
     seconds: float
 
 
 @dataclass
 class _Exited:
-    process: ModelProcess
+    process: ModelProcessLike
 
 
 @dataclass
@@ -243,7 +243,8 @@ class _Drain:
     pass
 
 
-ProcessFactory = Callable[..., ModelProcess]
+ProcessFactory = Callable[..., ModelProcessLike]
+"""Builds a model process: ``ModelProcess`` in production, ``scheduler.testing``'s fake in tests."""
 
 
 class Dispatcher:
@@ -281,12 +282,12 @@ class Dispatcher:
         self._closing = False
         self._ids = itertools.count(1)
         # Model state, owned by the run task.
-        self._process: ModelProcess | None = None
+        self._process: ModelProcessLike | None = None
         """The one loaded (or loading) model process."""
         self._swapping: str | None = None
         """Model id being started by a swap task, if any."""
         self._swap_task: asyncio.Task[None] | None = None
-        self._loading: ModelProcess | None = None
+        self._loading: ModelProcessLike | None = None
         """The process the swap task is starting, once it exists."""
         self._swap_aborted = False
         """The load in progress was given up (unloaded, or all its waiters left)."""
@@ -847,7 +848,7 @@ class Dispatcher:
             self._swap(model), name=f"swap-{model.id}"
         )
 
-    def _stop_process(self, process: ModelProcess) -> asyncio.Task[None]:
+    def _stop_process(self, process: ModelProcessLike) -> asyncio.Task[None]:
         """Stop a process in a task of its own, tracked until it is reaped: every start
         waits for all of these first (see :meth:`_swap`). ``stop()`` is idempotent, so
         stopping a process twice costs nothing."""
@@ -870,7 +871,7 @@ class Dispatcher:
         """Start ``model`` once every process being stopped has been reaped. Always ends
         with a ``_SwapDone`` event (unless cancelled at shutdown), whatever happens."""
         started = self._clock()
-        process: ModelProcess | None = None
+        process: ModelProcessLike | None = None
         error: ModelStartError | None = None
         try:
             while self._stops:
@@ -899,7 +900,7 @@ class Dispatcher:
             _SwapDone(model.id, None if error else process, error, self._clock() - started)
         )
 
-    def _process_exited(self, process: ModelProcess) -> None:
+    def _process_exited(self, process: ModelProcessLike) -> None:
         with contextlib.suppress(RuntimeError):  # loop closed at shutdown
             self._inbox.put_nowait(_Exited(process))
 
@@ -952,7 +953,7 @@ class Dispatcher:
         else:
             self._end_turn(ticket)
 
-    def _on_exited(self, process: ModelProcess) -> None:
+    def _on_exited(self, process: ModelProcessLike) -> None:
         if process is self._process:
             log.warning(
                 "model process exited",

@@ -887,7 +887,9 @@ ExitCallback = Callable[["ModelProcess"], None]
 
 
 class ModelProcessLike(Protocol):
-    """What the dispatcher relies on; :class:`scheduler.testing.FakeModelProcess` has it too."""
+    """What the dispatcher relies on (its ``process_factory`` returns one, and mypy checks
+    the dispatcher against this, not against :class:`ModelProcess`);
+    :class:`scheduler.testing.FakeModelProcess` has it too."""
 
     config: ModelConfig
 

@@ -1,4 +1,4 @@
-"""The serial and fifo policies, table by table, as ../shared/spec/request-priority.md says."""
+"""The serial and fifo policies, table by table, as docs/scheduling.md says."""
 
 import math
 

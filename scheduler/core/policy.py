@@ -1,7 +1,7 @@
 """Scheduler settings, waiting requests and dispatch decisions: the values of the core.
 
 Pure: no Django, asyncio, network or clock reads. Time always comes in as an argument
-(seconds on any monotonic scale). See ../shared/spec/request-priority.md.
+(seconds on any monotonic scale). See docs/scheduling.md.
 
 The serial score of a waiting request at time ``now`` is::
 

@@ -1,6 +1,6 @@
 """The X-LlamaSwap-Priority header: parsing and bands.
 
-Pure: no Django, no I/O. See ../shared/spec/request-priority.md ("The header").
+Pure: no Django, no I/O. See docs/scheduling.md ("Saying how urgent a request is").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Pure: no Django, no I/O, no clock reads, no sleeps. The management command
 ``manage.py simulate`` parses arguments and files and calls these functions.
 
-The model is the spec's serial GPU (../shared/spec/request-priority.md): one job at a
+The model is the spec's serial GPU (docs/scheduling.md): one job at a
 time, non-preemptive. The loop is event-driven over two kinds of events, arrivals and
 the completion of the running job; because the GPU runs one job, "the next completion"
 is a single number rather than a heap. At each dispatch instant every arrival at or
