@@ -17,11 +17,12 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 # LLAMASWAP_ADMIN_PASSWORD=... make run creates (or updates) the admin account
-# LLAMASWAP_ADMIN_USER (default admin); without it, ensure_admin says how to make one.
+# LLAMASWAP_ADMIN_USER (default admin); without it, ensure-admin says whether one exists
+# and how to make one. `llamaswap` is the console script `make install` puts in .venv/bin.
 run: install
-	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py ensure_admin
-	$(BIN)/python manage.py serve --config config.example.yaml --listen 127.0.0.1:8080
+	$(BIN)/llamaswap migrate --noinput
+	$(BIN)/llamaswap ensure-admin
+	$(BIN)/llamaswap serve --config config.example.yaml --listen 127.0.0.1:8080
 
 # The browser test drives Debian's chromium with Playwright; never a downloaded browser.
 chromium:

@@ -1,7 +1,14 @@
-"""System checks: a bad config.yaml is reported before the first request.
+"""Config checks: a bad config.yaml is reported before the first request.
 
-``manage.py check`` (and every command that runs checks, ``runserver`` and ``serve``
-among them) loads the file named by ``settings.LLAMASWAP_CONFIG`` and reports:
+Two ways in, one set of messages (:func:`inspect_config`):
+
+* ``llamaswap check CONFIG`` (``manage.py check_config``): the file named on the command
+  line; prints each error and warning with its key path, exits 1 on an error.
+* Django's system checks (``manage.py check`` and every command that runs checks,
+  ``runserver`` among them) load the file named by ``settings.LLAMASWAP_CONFIG``, and say
+  nothing when it is unset.
+
+Messages:
 
 * ``llamaswap.E001``: the config cannot be used; the message names the key path.
 * ``llamaswap.W001``: a key that is ignored (not supported, unknown) or adjusted.
@@ -9,42 +16,44 @@ among them) loads the file named by ``settings.LLAMASWAP_CONFIG`` and reports:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
 
-from scheduler.config import ConfigError, load_config
+from scheduler.config import Config, ConfigError, load_config
 
 TAG = "llamaswap"
 E_CONFIG = "llamaswap.E001"
 W_CONFIG = "llamaswap.W001"
 
 
-@checks.register(TAG)
-def check_config(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Load the configured config.yaml; one Error for a problem, one Warning per warning."""
-    path = getattr(settings, "LLAMASWAP_CONFIG", "")
-    if not path:
-        return []
+def inspect_config(
+    path: str, named_by: str = ""
+) -> tuple[Config | None, list[checks.CheckMessage]]:
+    """Load ``path``: the config (None when unusable) and one Error, or one Warning per
+    warning. ``named_by`` says where the path came from, for the hint."""
     try:
         config = load_config(path)
     except ConfigError as exc:
         # Django prints obj first: "config.yaml: (llamaswap.E001) models.qwen.ttl: ...".
         file_level = exc.key in ("", path)
         where = "the file" if file_level else f"'{exc.key}'"
-        return [
+        origin = f" (set by {named_by})" if named_by else ""
+        if file_level and not os.path.exists(path):
+            hint = f"No file at {path}{origin}; a relative path starts at {os.getcwd()}."
+        else:
+            hint = f"Fix {where} in {path}{origin}; config.example.yaml shows every supported key."
+        return None, [
             checks.Error(
                 exc.message if file_level else f"{exc.key}: {exc.message}",
-                hint=(
-                    f"Fix {where} in {path} (set by LLAMASWAP_CONFIG); "
-                    "config.example.yaml shows every supported key."
-                ),
+                hint=hint,
                 obj=path,
                 id=E_CONFIG,
             )
         ]
-    return [
+    return config, [
         checks.Warning(
             warning,
             hint="See config.example.yaml for the keys llamaswap supports.",
@@ -53,3 +62,12 @@ def check_config(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
         )
         for warning in config.warnings
     ]
+
+
+@checks.register(TAG)
+def check_config(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Load the configured config.yaml; one Error for a problem, one Warning per warning."""
+    path = getattr(settings, "LLAMASWAP_CONFIG", "")
+    if not path:
+        return []
+    return inspect_config(path, named_by="LLAMASWAP_CONFIG")[1]

@@ -1,4 +1,4 @@
-"""``manage.py serve``: the whole app under daphne in this process, with the dispatcher.
+"""``llamaswap serve`` (``manage.py serve``): the whole app under daphne in this process, with the dispatcher.
 
 The dispatcher starts when the server starts (daphne has no ASGI lifespan, and
 ``AppConfig.ready()`` runs for every management command). SIGINT/SIGTERM: stop accepting,
@@ -9,6 +9,7 @@ A second signal exits at once (still stopping the model processes).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import signal
 import sys
@@ -21,11 +22,51 @@ log = logging.getLogger("llamaswap.serve")
 REQUEST_BUFFER_SIZE = 16 * 1024 * 1024
 
 
+ALL_INTERFACES = "0.0.0.0"
+
+
 def parse_listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise CommandError(f"--listen must be HOST:PORT, got {value!r}")
-    return (host.strip("[]") or "127.0.0.1"), int(port)
+    """``--listen`` as llama-swap (Go) reads it: ``HOST:PORT``, ``[IPv6]:PORT``, ``:PORT``.
+
+    ``:PORT`` means every interface, as Go's ``net.Listen`` does; here IPv4 ``0.0.0.0``
+    (``[::]:PORT`` listens on IPv6 too, dual stack where the OS allows it).
+    """
+    host, sep, port = value.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CommandError(
+            f"--listen must be HOST:PORT, [IPV6]:PORT or :PORT (every interface), got {value!r}"
+        )
+    if host.startswith("[") != host.endswith("]"):
+        raise CommandError(f"--listen: unbalanced brackets in {value!r}")
+    return (host.strip("[]") or ALL_INTERFACES), int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ``::1``); any other
+    name counts as reachable from outside."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str, port: int) -> str | None:
+    """The start-up warning for a listener beyond loopback (llamaswap has no API keys yet)."""
+    if is_loopback(host):
+        return None
+    where = "every interface" if host in (ALL_INTERFACES, "::") else host
+    return (
+        f"listening on {url_host(host)}:{port} ({where}) without API keys: anyone who can "
+        "reach this port can use the models and unload them (the config's apiKeys is not "
+        "supported yet). Listen on 127.0.0.1:PORT, or put a firewall or an authenticating "
+        "reverse proxy in front."
+    )
+
+
+def url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 class Command(BaseCommand):
@@ -33,7 +74,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--config", default="", help="llama-swap config.yaml (or LLAMASWAP_CONFIG)")
-        parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (default 127.0.0.1:8080)")
+        parser.add_argument(
+            "--listen",
+            default="127.0.0.1:8080",
+            help="HOST:PORT, [IPV6]:PORT, or :PORT for every interface (default 127.0.0.1:8080)",
+        )
         parser.add_argument("--grace", type=float, default=30.0, help="seconds running requests get at shutdown")
         parser.add_argument("--access-log", action="store_true", help="log every HTTP request")
 
@@ -64,6 +109,10 @@ class Command(BaseCommand):
         for warning in config.warnings:
             self.stderr.write(f"warning: {warning}")
         host, port = parse_listen(options["listen"])
+        exposed = exposure_warning(host, port)
+        if exposed:
+            self.stderr.write(f"warning: {exposed}")
+            log.warning(exposed)
 
         # Admin edits of the scheduler settings survive a restart unless the config
         # file's value for that key changed since the last start (dashboard.settings_store).
@@ -79,6 +128,9 @@ class Command(BaseCommand):
         dispatcher.settings_source = stored.source
         upstreams = Upstreams()
         runtime.install(runtime.Runtime(config=config, dispatcher=dispatcher, upstreams=upstreams))
+        from dashboard.management.commands.ensure_admin import account_hint
+
+        admin_hint = account_hint()  # here: the ORM refuses to run inside the event loop
         from llamaswap_site.asgi import application
 
         loop = daphne.server.twisted_loop
@@ -141,14 +193,14 @@ class Command(BaseCommand):
                 starter = getattr(obs, "start", None)
                 if starter is not None:
                     loop.create_task(starter())
+            base = f"http://{url_host(host)}:{port}/"
             self.stdout.write(
-                f"llamaswap serving {len(config.models)} model(s) from {path} on http://{host}:{port}/ "
+                f"llamaswap serving {len(config.models)} model(s) from {path} on {base} "
                 f"(scheduler: {config.scheduler.use.value})"
             )
             self.stdout.write(
-                f"dashboard: http://{host}:{port}/  admin: http://{host}:{port}/admin/ "
-                "(no account yet? `python manage.py createsuperuser`, or set "
-                "LLAMASWAP_ADMIN_PASSWORD for `make run`)"
+                f"dashboard: {base}  admin: {base}admin/"
+                + (f" ({admin_hint})" if admin_hint else "")
             )
             self.stdout.flush()
 
