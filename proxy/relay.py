@@ -90,6 +90,7 @@ async def relay(
     except httpx.HTTPError as exc:
         cause = f"{type(exc).__name__}: {exc}"
         turn.note(Outcome.FAILED, 502, cause)
+        turn.suspect = True
         return error_response(
             502, f"model {model.id!r} did not answer: {cause}", code="upstream_unavailable", request_id=request_id
         )
@@ -115,6 +116,7 @@ async def relay(
     except httpx.HTTPError as exc:
         cause = f"{type(exc).__name__}: {exc}"
         turn.note(Outcome.FAILED, 502, cause)
+        turn.suspect = True
         return error_response(
             502, f"model {model.id!r} broke off its answer: {cause}", code="upstream_broken", request_id=request_id
         )
@@ -287,6 +289,7 @@ async def _stream(turn: Turn, upstream: httpx.Response) -> AsyncIterator[bytes]:
     except httpx.HTTPError as exc:
         # The model died mid-stream: end the response without [DONE].
         turn.note(Outcome.FAILED, upstream.status_code, f"stream broken: {type(exc).__name__}: {exc}")
+        turn.suspect = True
         return
     _note_stream_usage(turn.ticket, tail)
     turn.note(Outcome.COMPLETED, upstream.status_code)

@@ -37,7 +37,16 @@ log = logging.getLogger("llamaswap.proxy")
 class Turn:
     """One request's claim on the GPU, from :meth:`Dispatcher.submit` to :meth:`close`."""
 
-    __slots__ = ("dispatcher", "ticket", "upstream", "unhealthy", "_noted", "_closing", "__weakref__")
+    __slots__ = (
+        "dispatcher",
+        "ticket",
+        "upstream",
+        "unhealthy",
+        "suspect",
+        "_noted",
+        "_closing",
+        "__weakref__",
+    )
 
     def __init__(
         self, dispatcher: Dispatcher, model: ModelConfig, priority: int, request_id: str, path: str
@@ -46,6 +55,9 @@ class Turn:
         self.ticket: Ticket = dispatcher.submit(model, priority, request_id, path, owner=self)
         self.upstream: httpx.Response | None = None
         """The model's response while it is being relayed; closed by :meth:`close`."""
+        self.suspect = False
+        """The model broke off its answer: let the dispatcher check it died before the next
+        request goes to it."""
         self.unhealthy = False
         """The model stopped answering and failed its health check: stop it once the turn
         has ended (it may not be stopped under a request it is still serving)."""
@@ -93,8 +105,11 @@ class Turn:
         try:
             await upstream.aclose()
         except Exception:
-            log.warning("closing the upstream response failed", exc_info=True,
-                        extra={"request_id": self.ticket.request_id})
+            log.warning(
+                "closing the upstream response failed",
+                exc_info=True,
+                extra={"request_id": self.ticket.request_id},
+            )
         finally:
             self._end(disconnected, error, status)
 
@@ -107,11 +122,15 @@ class Turn:
             dispatcher.finish(ticket, *self._noted)
             if self.unhealthy:
                 dispatcher.unhealthy(ticket)
+            elif self.suspect:
+                dispatcher.suspect(ticket)
         elif disconnected or isinstance(error, asyncio.CancelledError):
             dispatcher.cancel(ticket)
         elif error is not None:
             log.error(
-                "request failed: %s: %s", type(error).__name__, error,
+                "request failed: %s: %s",
+                type(error).__name__,
+                error,
                 exc_info=error,
                 extra={"request_id": ticket.request_id, "model": ticket.model.id},
             )

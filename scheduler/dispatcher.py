@@ -39,6 +39,10 @@ from scheduler.process import LogBuffer, ModelProcess, ModelProcessLike, ModelSt
 
 log = logging.getLogger("llamaswap.dispatcher")
 
+SUSPECT_WAIT = 0.5
+"""Seconds a model that broke off an answer gets to show it died, before the next request
+is sent to it (see :meth:`Dispatcher.suspect`)."""
+
 
 class Refused(Exception):
     """A request the dispatcher will not serve. ``status`` and ``code`` say how to answer it;
@@ -228,6 +232,17 @@ class _Resend:
 
 
 @dataclass
+class _Suspect:
+    model: str
+    generation: int
+
+
+@dataclass
+class _Checked:
+    process: ModelProcessLike
+
+
+@dataclass
 class _Unhealthy:
     model: str
     generation: int
@@ -292,6 +307,9 @@ class Dispatcher:
         self._swap_aborted = False
         """The load in progress was given up (unloaded, or all its waiters left)."""
         self._generation = 0
+        self._checking: ModelProcessLike | None = None
+        """A model that broke off an answer, given a moment to show it died (see
+        :meth:`suspect`); nothing is dispatched meanwhile."""
         """Bumped by every successful start: which start a ticket was granted to."""
         self._service_mean: float | None = None
         """Moving average of seconds from dispatch to finish, for Retry-After estimates."""
@@ -391,6 +409,13 @@ class Dispatcher:
         ticket.resent = True
         ticket.granted = asyncio.get_running_loop().create_future()
         self._inbox.put_nowait(_Resend(ticket))
+
+    def suspect(self, ticket: Ticket) -> None:
+        """The model this ticket was granted to broke off its answer (connection reset,
+        stream cut): it may be dying. Before the next request goes to it, give its exit
+        :data:`SUSPECT_WAIT` seconds to show; a request sent into a dying process's listen
+        backlog is reset, and such a request may have reached it, so it is never resent."""
+        self._inbox.put_nowait(_Suspect(ticket.model.id, ticket.generation))
 
     def unhealthy(self, ticket: Ticket) -> None:
         """The model this ticket was granted to stopped answering and failed its health
@@ -584,6 +609,10 @@ class Dispatcher:
                 self._on_resend(event.ticket)
             elif isinstance(event, _Expire):
                 self._on_expire()
+            elif isinstance(event, _Suspect):
+                self._on_suspect(event)
+            elif isinstance(event, _Checked):
+                self._on_checked(event)
             elif isinstance(event, _Unhealthy):
                 self._on_unhealthy(event)
             elif isinstance(event, _Drain):
@@ -787,7 +816,7 @@ class Dispatcher:
 
     def _dispatch(self) -> None:
         """Grant whatever may run now. Called after every batch of events."""
-        if self._swapping is not None or not self._queue:
+        if self._swapping is not None or self._checking is not None or not self._queue:
             return
         if self._fifo:
             self._dispatch_fifo()
@@ -986,6 +1015,30 @@ class Dispatcher:
             return
         ticket.swapped = True
         self._begin_swap(ticket.model)
+
+    def _on_suspect(self, event: _Suspect) -> None:
+        proc = self._process
+        if proc is None or proc.config.id != event.model or self._generation != event.generation:
+            return  # already gone or replaced
+        if self._checking is not None:
+            return
+        self._checking = proc
+
+        async def check() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.exited.wait(), SUSPECT_WAIT)
+            self._inbox.put_nowait(_Checked(proc))
+
+        task = asyncio.get_running_loop().create_task(check(), name=f"check-{event.model}")
+        self._stops.add(task)  # tracked like a stop: shutdown waits for it
+        task.add_done_callback(self._stops.discard)
+
+    def _on_checked(self, event: _Checked) -> None:
+        if self._checking is event.process:
+            self._checking = None
+        if not event.process.alive and event.process is self._process:
+            # Dead, its exit report not in yet: treat it as exited now.
+            self._on_exited(event.process)
 
     def _on_unhealthy(self, event: _Unhealthy) -> None:
         proc = self._process

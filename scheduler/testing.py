@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import signal
+import socket
 from typing import Any
 
 from scheduler.config import ModelConfig
@@ -309,3 +311,43 @@ class FakeProcessFactory:
         process = FakeModelProcess(config, logs, on_exit=on_exit, journal=self.journal, **options)
         self.processes[config.id] = process
         return process
+
+
+# -- processes and ports, for tests and benchmarks that run the real server -----------------
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> set[int]:
+    """All live descendant pids of ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    out: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.add(child)
+            stack.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -44,7 +44,7 @@ def http_scope(
     }
 
 
-class Recorder:
+class FinishLog:
     def __init__(self) -> None:
         self.finished: dict[str, Outcome | None] = {}
 
@@ -125,7 +125,7 @@ async def in_process(
     from llamaswap_site.asgi import application
 
     factory = FakeProcessFactory(**factory_options)
-    recorder = Recorder()
+    recorder = FinishLog()
     dispatcher = Dispatcher(config, process_factory=factory, observers=[recorder])
     upstreams = Upstreams(size=1, transport=transport)
     runtime.install(runtime.Runtime(config, dispatcher, upstreams))

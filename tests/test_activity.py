@@ -7,7 +7,6 @@ this module both ways, `-m django_db`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -20,56 +19,11 @@ from prometheus_client import REGISTRY
 
 from activity.models import RequestRecord
 from activity.recorder import Recorder, prune, write_records
-from scheduler.config import parse_config
 from scheduler.dispatcher import Dispatcher, Outcome
 from scheduler.testing import FakeProcessFactory
+from tests.helpers import WALL0, FakeClock, granted, make_config, until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(20)]
-
-WALL0 = 1_790_000_000.0
-"""Unix seconds at the fake monotonic clock's zero."""
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def wall(self) -> float:
-        return WALL0 + self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def make_config(*models: str, use: str = "serial", fifo: dict | None = None, **serial):
-    raw = {
-        "models": {
-            m: {"cmd": "fake", "proxy": f"http://127.0.0.1:{9000 + i}"}
-            for i, m in enumerate(models)
-        },
-        "routing": {
-            "scheduler": {
-                "use": use,
-                "settings": {"serial": serial, "fifo": {"priority": fifo or {}}},
-            }
-        },
-    }
-    return parse_config(raw)
-
-
-async def until(predicate, timeout: float = 3.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.005)
-
-
-async def granted(ticket, timeout: float = 2.0) -> str:
-    async with asyncio.timeout(timeout):
-        return await ticket.wait()
-
 
 @pytest.fixture
 async def world():

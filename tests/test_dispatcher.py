@@ -14,7 +14,6 @@ import pytest
 from scheduler.config import parse_config
 from scheduler.core.policy import SchedulerSettings
 from scheduler.dispatcher import (
-    Dispatcher,
     Outcome,
     Overloaded,
     QueueFull,
@@ -24,74 +23,22 @@ from scheduler.dispatcher import (
 )
 from scheduler.process import ModelStartError, ModelState
 from scheduler.testing import FakeProcessFactory
+from tests.helpers import EventLog, granted, make_config, settle
 
 pytestmark = pytest.mark.timeout(10)
 
 
-def make_config(*models: str, use: str = "serial", **serial):
-    raw = {
-        "models": {m: {"cmd": "fake", "proxy": f"http://127.0.0.1:{9000 + i}"} for i, m in enumerate(models)},
-        "routing": {"scheduler": {"use": use, "settings": {"serial": serial}}},
-    }
-    return parse_config(raw)
-
-
-class Recorder:
-    """An observer that keeps what it saw and lets a test await a model state."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str]] = []
-        self.states: list[tuple[str, ModelState]] = []
-        self._changed = asyncio.Event()
-
-    def on_enqueue(self, ticket):
-        self.events.append(("enqueue", ticket.request_id))
-
-    def on_dispatch(self, ticket):
-        self.events.append(("dispatch", ticket.request_id))
-
-    def on_finish(self, ticket):
-        self.events.append(("finish", ticket.request_id))
-
-    def on_model_state(self, model, state):
-        self.states.append((model, state))
-        self._changed.set()
-
-    def on_settings(self, settings, source):
-        self.events.append(("settings", source))
-
-    async def wait_state(self, model: str, state: ModelState) -> None:
-        while (model, state) not in self.states:
-            self._changed.clear()
-            await self._changed.wait()
-
-
 @pytest.fixture
-async def world():
-    worlds = []
+async def world(dispatchers):
+    """``await world(*models, factory=None, **settings)`` -> (dispatcher, factory, events)."""
 
     async def build(*models, factory=None, **kwargs):
         factory = factory or FakeProcessFactory()
-        recorder = Recorder()
-        d = Dispatcher(make_config(*models, **kwargs), process_factory=factory, observers=[recorder])
-        await d.start()
-        worlds.append(d)
-        return d, factory, recorder
+        events = EventLog()
+        d = await dispatchers(make_config(*models, **kwargs), process_factory=factory, observers=[events])
+        return d, factory, events
 
-    yield build
-    for d in worlds:
-        await d.stop(grace=0)
-
-
-async def granted(ticket, timeout: float = 2.0) -> str:
-    async with asyncio.timeout(timeout):
-        return await ticket.wait()
-
-
-async def settle() -> None:
-    """Let the dispatcher task handle everything posted so far."""
-    for _ in range(5):
-        await asyncio.sleep(0)
+    return build
 
 
 def submit(d, model, priority, rid):
@@ -200,24 +147,20 @@ async def test_a_crash_while_ready_unloads_and_the_next_request_restarts_it(worl
     assert factory.journal.count(("start", "m")) == 2
 
 
-async def test_ttl_unloads_an_idle_model():
+async def test_ttl_unloads_an_idle_model(dispatchers):
     factory = FakeProcessFactory()
-    recorder = Recorder()
+    recorder = EventLog()
     config = make_config("m")
     model = dataclasses.replace(config.models["m"], ttl=0.05)
     config = dataclasses.replace(config, models={"m": model})
-    d = Dispatcher(config, process_factory=factory, observers=[recorder])
-    await d.start()
-    try:
-        t = d.submit(model, 0, "1", "/v1/completions")
-        await granted(t)
-        d.finish(t, Outcome.COMPLETED, 200)
-        async with asyncio.timeout(2):
-            await recorder.wait_state("m", ModelState.STOPPED)
-        assert ("stopped", "m") in factory.journal
-        assert d.running_models() == []
-    finally:
-        await d.stop(grace=0)
+    d = await dispatchers(config, process_factory=factory, observers=[recorder])
+    t = d.submit(model, 0, "1", "/v1/completions")
+    await granted(t)
+    d.finish(t, Outcome.COMPLETED, 200)
+    async with asyncio.timeout(2):
+        await recorder.wait_state("m", ModelState.STOPPED)
+    assert ("stopped", "m") in factory.journal
+    assert d.running_models() == []
 
 
 async def test_settings_change_reaches_the_next_pick(world):
@@ -301,21 +244,17 @@ async def test_observers_see_enqueue_dispatch_finish_with_the_decision(world):
     assert t.load_seconds is not None and t.outcome is Outcome.COMPLETED
 
 
-async def test_preload_loads_the_model_at_start():
+async def test_preload_loads_the_model_at_start(dispatchers):
     factory = FakeProcessFactory()
     raw = {
         "models": {"m": {"cmd": "fake", "proxy": "http://127.0.0.1:9000"}},
         "hooks": {"on_startup": {"preload": ["m"]}},
     }
-    recorder = Recorder()
-    d = Dispatcher(parse_config(raw), process_factory=factory, observers=[recorder])
-    await d.start()
-    try:
-        async with asyncio.timeout(2):
-            await recorder.wait_state("m", ModelState.READY)
-        assert recorder.events == []  # a preload is not a request
-    finally:
-        await d.stop(grace=0)
+    recorder = EventLog()
+    await dispatchers(parse_config(raw), process_factory=factory, observers=[recorder])
+    async with asyncio.timeout(2):
+        await recorder.wait_state("m", ModelState.READY)
+    assert recorder.events == []  # a preload is not a request
 
 
 def test_settings_validation_is_the_core_one():
@@ -334,28 +273,24 @@ def started_after_stopped(journal, old: str, new: str) -> bool:
 
 
 @pytest.mark.parametrize("successor", ["other", "same"])
-async def test_ttl_unload_is_reaped_before_the_next_start(successor):
+async def test_ttl_unload_is_reaped_before_the_next_start(successor, dispatchers):
     # A slow stop (a big model freeing VRAM) must finish before anything else starts:
     # else two models share the GPU for a moment, or the same one finds its port taken.
     factory = FakeProcessFactory(stop_delay=0.2)
-    recorder = Recorder()
+    recorder = EventLog()
     config = make_config("a", "b")
     a = dataclasses.replace(config.models["a"], ttl=0.01)
     config = dataclasses.replace(config, models={**config.models, "a": a})
-    d = Dispatcher(config, process_factory=factory, observers=[recorder])
-    await d.start()
-    try:
-        t = d.submit(a, 0, "1", "/v1/completions")
-        await granted(t)
-        d.finish(t, Outcome.COMPLETED, 200)
-        async with asyncio.timeout(2):
-            await recorder.wait_state("a", ModelState.STOPPING)
-        name = "a" if successor == "same" else "b"
-        nxt = d.submit(config.models[name], 0, "2", "/v1/completions")
-        await granted(nxt)
-        assert started_after_stopped(factory.journal, "a", name)
-    finally:
-        await d.stop(grace=0)
+    d = await dispatchers(config, process_factory=factory, observers=[recorder])
+    t = d.submit(a, 0, "1", "/v1/completions")
+    await granted(t)
+    d.finish(t, Outcome.COMPLETED, 200)
+    async with asyncio.timeout(2):
+        await recorder.wait_state("a", ModelState.STOPPING)
+    name = "a" if successor == "same" else "b"
+    nxt = d.submit(config.models[name], 0, "2", "/v1/completions")
+    await granted(nxt)
+    assert started_after_stopped(factory.journal, "a", name)
 
 
 async def test_unload_waits_for_the_stop_and_the_next_start_waits_for_it(world):
@@ -495,3 +430,31 @@ async def test_a_request_granted_to_a_dead_unreaped_process_is_resent_to_a_resta
     d.finish(t2, Outcome.COMPLETED, 200)
     await settle()
     assert d.in_flight() == []
+
+
+async def test_after_a_broken_answer_the_next_request_waits_for_a_dying_model_to_show_it(world):
+    # A model that broke off an answer may be dying: a request sent into its listen backlog
+    # now would be reset, and could not be resent. Its exit gets a moment to show.
+    d, factory, events = await world("m")
+    t1 = submit(d, "m", 0, "1")
+    await granted(t1)
+    dying = factory.processes["m"]
+    dying.crash(returncode=-11, reap_delay=0.2)  # dead; its exit is reported 0.2 s later
+    d.finish(t1, Outcome.FAILED, 200, "stream broken")
+    d.suspect(t1)
+    t2 = submit(d, "m", 0, "2")
+    await granted(t2)
+    fresh = factory.processes["m"]
+    assert fresh is not dying and fresh.alive  # never granted to the dying one
+    assert factory.journal.count(("start", "m")) == 2
+
+
+async def test_after_a_broken_answer_a_live_model_serves_the_next_request(world):
+    d, factory, events = await world("m")
+    t1 = submit(d, "m", 0, "1")
+    await granted(t1)
+    d.finish(t1, Outcome.FAILED, 200, "stream broken")
+    d.suspect(t1)
+    t2 = submit(d, "m", 0, "2")
+    await granted(t2, timeout=2)  # after at most SUSPECT_WAIT
+    assert factory.journal.count(("start", "m")) == 1

@@ -281,7 +281,7 @@ def test_the_request_queued_behind_a_crash_gets_a_restarted_model_not_a_502(tmp_
 
         async def scenario():
             url = server.url + "/v1/chat/completions"
-            crash = chat("m", "crash", stream=True, fake_tokens=50, fake_tokens_per_second=50, fake_crash_after=5)
+            crash = chat("m", "crash", stream=True, fake_tokens=50, fake_tokens_per_second=4, fake_crash_after=6)
             async with httpx.AsyncClient(timeout=30) as client:
                 async with client.stream("POST", url, json=crash) as r:
                     chunks = r.aiter_bytes()

@@ -5,40 +5,19 @@ The end-to-end scrape of /metrics is tests/test_e2e_metrics.py.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from activity.metrics import MetricsObserver, QueueCollector, export
-from scheduler.config import parse_config
-from scheduler.dispatcher import Dispatcher, Outcome
+from scheduler.dispatcher import Outcome
 from scheduler.testing import FakeProcessFactory
+from tests.helpers import FakeClock, granted, make_config, until
 
 pytestmark = pytest.mark.timeout(10)
 
 BANDS = ("interactive", "normal", "batch")
 TERMS = ("aging", "swap_affinity")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 500.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make_config(*models: str, **serial):
-    raw = {
-        "models": {
-            m: {"cmd": "fake", "proxy": f"http://127.0.0.1:{9000 + i}"}
-            for i, m in enumerate(models)
-        },
-        "routing": {"scheduler": {"use": "serial", "settings": {"serial": serial}}},
-    }
-    return parse_config(raw)
 
 
 def sample(name: str, **labels: str) -> float:
@@ -58,37 +37,20 @@ def delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before[k] for k in after if after[k] != before[k]}
 
 
-async def granted(ticket, timeout: float = 2.0) -> str:
-    async with asyncio.timeout(timeout):
-        return await ticket.wait()
-
-
-async def until(predicate, timeout: float = 2.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.002)
-
-
 @pytest.fixture
-async def world():
-    built = []
+async def world(dispatchers):
+    """``await world(*models, **settings)`` -> (dispatcher, clock), metrics observed."""
 
     async def build(*models, **serial):
         clock = FakeClock()
         config = make_config(*models, **serial)
-        d = Dispatcher(
-            config,
-            process_factory=FakeProcessFactory(),
-            clock=clock,
-            observers=[MetricsObserver(config, clock=clock)],
+        observer = MetricsObserver(config, clock=clock)
+        d = await dispatchers(
+            config, process_factory=FakeProcessFactory(), clock=clock, observers=[observer]
         )
-        await d.start()
-        built.append(d)
         return d, clock
 
-    yield build
-    for d in built:
-        await d.stop(grace=0)
+    return build
 
 
 async def test_reorders_are_counted_by_band_and_term(world):
