@@ -503,7 +503,7 @@ def write_records(items: Sequence[_Item], pause: float = WRITE_PAUSE) -> int:
                 raise
             refused += 1
     if refused:
-        hint = " (run `manage.py migrate`)" if "no such table" in str(first_error).lower() else ""
+        hint = " (run `llamaswap migrate`)" if "no such table" in str(first_error).lower() else ""
         log.error(
             "activity log: the database refused %d records: %s%s",
             refused,

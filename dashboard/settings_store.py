@@ -164,7 +164,7 @@ def apply_at_start_or_config(config_settings: SchedulerSettings) -> Effective:
         return apply_at_start(config_settings)
     except DatabaseError as error:
         log.warning(
-            "settings store unavailable (run `manage.py migrate`); using the config file",
+            "settings store unavailable (run `llamaswap migrate`); using the config file",
             extra={"cause": str(error)},
         )
         return Effective(config_settings, SOURCE_CONFIG)

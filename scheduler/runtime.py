@@ -34,7 +34,7 @@ def install(runtime: Runtime | None) -> None:
 
 def current() -> Runtime:
     if _current is None:
-        raise RuntimeError("llamaswap is not running: start it with `manage.py serve`")
+        raise RuntimeError("llamaswap is not running: start it with `llamaswap serve`")
     return _current
 
 

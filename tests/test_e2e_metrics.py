@@ -329,4 +329,4 @@ def test_without_migrations_records_are_dropped_and_serving_goes_on(tmp_path):
             assert time.monotonic() < deadline, (dropped, server.log())
             time.sleep(0.1)
         assert "activity log: the database refused" in server.log()
-        assert "(run `manage.py migrate`)" in server.log()
+        assert "(run `llamaswap migrate`)" in server.log()

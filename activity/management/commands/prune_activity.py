@@ -1,4 +1,4 @@
-"""``manage.py prune_activity``: apply the activity log's retention now.
+"""``llamaswap prune-activity`` (``manage.py prune_activity``): apply the activity log's retention now.
 
 The server prunes in the background (hourly); this does the same on demand, for
 instance from cron when the server is stopped, or with other limits.

@@ -1,4 +1,4 @@
-"""``manage.py simulate``: replay a JSONL trace through the scheduler on a virtual clock.
+"""``llamaswap simulate`` (``manage.py simulate``): replay a JSONL trace through the scheduler on a virtual clock.
 
 Parses arguments and files, then loops over settings variants; the work is in
 scheduler/core/simulate.py (pure).
