@@ -1,14 +1,28 @@
-"""Admin for the scheduler settings: validated like the config file, applied at once."""
+"""Admin for the scheduler settings: validated like the config file, applied at once.
+
+Values show as typed (agingDivisor 60, not 60.0), the fifo priorities are edited as a
+table of model id and priority, and where each value comes from (config file or an admin
+edit, by whom and when) is a table rather than raw JSON.
+"""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
+from typing import Any
+
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.text import capfirst
 
 from dashboard import settings_store
 from dashboard.models import SchedulerSettingsRecord, SettingsChange
+from dashboard.templatetags.dash import timetag
 from scheduler.core.policy import (
     KEY_AGING,
     KEY_BONUS,
@@ -32,6 +46,8 @@ PRECEDENCE = (
     "config file wins. Keys never edited here follow the config file."
 )
 
+ADMIN_JS = ("dashboard/time.js",)  # times in the viewer's zone, as on the dashboard pages
+
 
 def _field_for(key: str) -> str:
     if key.startswith(KEY_FIFO):
@@ -39,7 +55,161 @@ def _field_for(key: str) -> str:
     return _FIELD_OF_KEY.get(key, "__all__")
 
 
+def show_value(value: Any) -> str:
+    """A setting as typed: 60 (not 60.0), 0.5, serial, qwen3=10, llama=5 (or none)."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={show_value(v)}" for k, v in sorted(value.items())) or "none"
+    return str(value)
+
+
+# -- the form --------------------------------------------------------------------------------
+
+
+class AsTypedFloatField(forms.FloatField):
+    """A float shown as typed: 60, not 60.0 (fractions stay: 0.5)."""
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value
+
+
+class FifoPriorityWidget(forms.Widget):
+    """fifo.priority as a table: one row per model (model id, priority) and empty rows to
+    add more; clearing a row's model id removes it. Posts ``<name>-model-N`` and
+    ``<name>-priority-N``; a raw JSON object under ``<name>`` is still read (scripts)."""
+
+    EXTRA_ROWS = 3
+
+    def _row_keys(self, data: Any, name: str) -> list[int]:
+        prefix = f"{name}-model-"
+        return sorted(
+            int(key[len(prefix) :])
+            for key in data
+            if key.startswith(prefix) and key[len(prefix) :].isdigit()
+        )
+
+    def value_from_datadict(self, data: Any, files: Any, name: str) -> Any:
+        rows = self._row_keys(data, name)
+        if not rows:
+            return data.get(name)  # a raw JSON object, or nothing
+        return [
+            (data.get(f"{name}-model-{i}", ""), data.get(f"{name}-priority-{i}", "")) for i in rows
+        ]
+
+    def value_omitted_from_data(self, data: Any, files: Any, name: str) -> bool:
+        return name not in data and not self._row_keys(data, name)
+
+    @staticmethod
+    def _pairs(value: Any) -> list[tuple[str, str]]:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except ValueError:
+                value = {}
+        if isinstance(value, dict):
+            return [(str(k), show_value(v)) for k, v in sorted(value.items())]
+        if isinstance(value, list | tuple):
+            return [(str(m), str(p)) for m, p in value]
+        return []
+
+    def render(self, name: str, value: Any, attrs: Any = None, renderer: Any = None) -> SafeString:
+        pairs = [p for p in self._pairs(value) if p != ("", "")]
+        pairs += [("", "")] * self.EXTRA_ROWS
+        first_id = (attrs or {}).get("id") or f"id_{name}"
+        rows = format_html_join(
+            "\n",
+            '<tr><td><input type="text" name="{}-model-{}" id="{}" value="{}" '
+            'aria-label="model id, row {}" placeholder="model id" class="vTextField"></td>'
+            '<td><input type="number" step="1" name="{}-priority-{}" value="{}" '
+            'aria-label="priority, row {}" placeholder="0"></td></tr>',
+            (
+                (
+                    name,
+                    i,
+                    first_id if i == 0 else f"{first_id}-model-{i}",
+                    model,
+                    i + 1,
+                    name,
+                    i,
+                    priority,
+                    i + 1,
+                )
+                for i, (model, priority) in enumerate(pairs)
+            ),
+        )
+        return format_html(
+            '<table class="fifo-priority"><thead><tr><th>model id</th><th>priority</th></tr>'
+            "</thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+
+class FifoPriorityField(forms.Field):
+    """The rows as ``{model id: priority}``; the values are checked by the scheduler's own
+    validation (``fifo.priority.<model>: must be an integer``) in the form's clean()."""
+
+    widget = FifoPriorityWidget
+
+    def to_python(self, value: Any) -> Any:
+        if value in (None, "", [], (), {}):
+            return {}
+        if isinstance(value, dict):
+            return value
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except ValueError as error:
+                raise ValidationError(f"fifo.priority: not a JSON object ({error})") from None
+        result: dict[str, Any] = {}
+        for number, (model, priority) in enumerate(value, start=1):
+            model, priority = model.strip(), priority.strip()
+            if not model and not priority:
+                continue
+            if not model:
+                raise ValidationError(
+                    f"fifo.priority: row {number} has the priority {priority!r} but no model id"
+                )
+            if model in result:
+                raise ValidationError(f"fifo.priority.{model}: given twice")
+            if not priority:
+                raise ValidationError(
+                    f"fifo.priority.{model}: give an integer priority, "
+                    "or clear the model id to remove the row"
+                )
+            try:
+                result[model] = int(priority)
+            except ValueError:
+                result[model] = priority  # refused below, with the scheduler's own message
+        return result
+
+    def has_changed(self, initial: Any, data: Any) -> bool:
+        try:
+            return (initial or {}) != self.to_python(data)
+        except ValidationError:
+            return True
+
+
 class SchedulerSettingsForm(forms.ModelForm):
+    aging_divisor = AsTypedFloatField(
+        label=capfirst(SchedulerSettingsRecord._meta.get_field("aging_divisor").verbose_name),
+        help_text=SchedulerSettingsRecord._meta.get_field("aging_divisor").help_text,
+    )
+    fifo_priority = FifoPriorityField(
+        label="Fifo priorities (fifo.priority)",
+        required=False,
+        help_text=(
+            "fifo scheduler: a priority per model id (higher goes first). "
+            "Clear a model id to remove its row; save to get more empty rows."
+        ),
+    )
+
     class Meta:
         model = SchedulerSettingsRecord
         fields = ["use", "aging_divisor", "swap_affinity_bonus", "fifo_priority"]
@@ -68,6 +238,18 @@ class SchedulerSettingsForm(forms.ModelForm):
         return data
 
 
+# -- the admin pages -------------------------------------------------------------------------
+
+
+def _stamp_tag(stamp: str) -> SafeString | str:
+    """An override's time ("2026-12-01 04:10:17 UTC", settings_store's stamp) as a <time>."""
+    try:
+        when = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=UTC)
+    except (TypeError, ValueError):
+        return stamp or "?"
+    return timetag(when, "zoned")
+
+
 @admin.register(SchedulerSettingsRecord)
 class SchedulerSettingsAdmin(admin.ModelAdmin):
     form = SchedulerSettingsForm
@@ -81,10 +263,55 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
         ),
         (
             "Where the values come from",
-            {"fields": ["admin_overrides", "config_values", "updated_by", "updated_at"]},
+            {"fields": ["value_sources", "updated_by", "last_changed"]},
         ),
     ]
-    readonly_fields = ["admin_overrides", "config_values", "updated_by", "updated_at"]
+    readonly_fields = ["value_sources", "updated_by", "last_changed"]
+
+    class Media:
+        js = ADMIN_JS
+        css = {"all": ("dashboard/admin.css",)}
+
+    @admin.display(description="values")
+    def value_sources(self, obj: SchedulerSettingsRecord) -> SafeString:
+        """Per key: the value in effect, the config file's (at the last start), and where
+        the one in effect comes from."""
+        if obj.pk is None:
+            return format_html("{}", "–")
+        values = settings_store.record_values(obj)
+        config = obj.config_values or {}
+        overrides = obj.admin_overrides or {}
+        rows = []
+        for key in settings_store.FIELDS:
+            info = overrides.get(key)
+            if info:
+                source = format_html(
+                    "admin edit by {} at {}", info.get("by") or "?", _stamp_tag(info.get("at", ""))
+                )
+            else:
+                source = format_html("{}", "config file")
+            rows.append(
+                (
+                    key,
+                    show_value(values.get(key)),
+                    show_value(config.get(key)) if key in config else "–",
+                    source,
+                )
+            )
+        return format_html(
+            '<table class="value-sources"><thead><tr><th>key</th><th>in effect</th>'
+            "<th>config file (at the last start)</th><th>from</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            format_html_join(
+                "\n",
+                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                rows,
+            ),
+        )
+
+    @admin.display(description="last changed")
+    def last_changed(self, obj: SchedulerSettingsRecord) -> SafeString | str:
+        return timetag(obj.updated_at, "zoned") if obj.updated_at else "–"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return not SchedulerSettingsRecord.objects.exists() and super().has_add_permission(request)
@@ -143,8 +370,23 @@ def _initial_record() -> SchedulerSettingsRecord:
 
 @admin.register(SettingsChange)
 class SettingsChangeAdmin(admin.ModelAdmin):
-    list_display = ["at", "who", "field", "old", "new", "source"]
+    list_display = ["when", "who", "field", "old_value", "new_value", "source"]
     list_filter = ["source", "field"]
+
+    class Media:
+        js = ADMIN_JS
+
+    @admin.display(description="at", ordering="at")
+    def when(self, obj: SettingsChange) -> SafeString | str:
+        return timetag(obj.at, "zoned")
+
+    @admin.display(description="old")
+    def old_value(self, obj: SettingsChange) -> str:
+        return show_value(obj.old)
+
+    @admin.display(description="new")
+    def new_value(self, obj: SettingsChange) -> str:
+        return show_value(obj.new)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -12,4 +12,7 @@ urlpatterns = [
     path("dashboard/", read(views.dashboard), name="dashboard"),
     path("history/", read(views.history), name="history"),
     path("requests/<str:request_id>/", read(views.request_detail), name="request"),
+    # Included at the root (llamaswap_site/urls.py), so this is /favicon.ico, served by
+    # the pages handler (it is no proxy path).
+    path("favicon.ico", read(views.favicon), name="favicon"),
 ]

@@ -8,15 +8,17 @@ task's thread) and renders it in a worker thread.
 from __future__ import annotations
 
 import functools
-from datetime import UTC, datetime, time
+from datetime import UTC, datetime, time, tzinfo
+from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import Paginator
 from django.db.models import Q
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -24,7 +26,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from dashboard import live
 from dashboard.explain import explain
-from proxy.errors import echo, error_page
+from proxy.errors import echo
 from scheduler.core.priority import BANDS
 
 PAGE_SIZE = 50
@@ -68,8 +70,30 @@ class BadFilter(Exception):
     """A history filter that cannot be used: the page says which and why (400)."""
 
 
-def _parse_when(name: str, value: str, end: bool = False) -> datetime | None:
-    """A filter bound from ``2026-11-29``, ``2026-11-29T21:40`` or a full ISO time (UTC)."""
+FILTERS = ("model", "band", "since", "until", "request_id")
+"""The history page's filters, in the form's order."""
+OTHER_PARAMETERS = ("page", "tz")
+"""Also accepted: the page number and the time zone of since/until (set by the page)."""
+SIMILAR = {"start": "since", "from": "since", "end": "until", "to": "until", "id": "request_id"}
+"""Names people try (the activity API's start/end): the page names its own instead."""
+
+
+def _zone(value: str) -> tzinfo:
+    """The zone since/until are read in: the browser's (the form sends it), else UTC."""
+    if not value:
+        return UTC
+    try:
+        return ZoneInfo(value)
+    except (ValueError, KeyError, OSError):  # unknown, malformed, or a path
+        raise BadFilter(
+            f"tz: there is no time zone {echo(value)}; "
+            "expected an IANA name like Europe/Berlin or UTC"
+        ) from None
+
+
+def _parse_when(name: str, value: str, end: bool = False, zone: tzinfo = UTC) -> datetime | None:
+    """A filter bound from ``2026-11-29``, ``2026-11-29T21:40`` or a full ISO time; without
+    an offset, in ``zone``."""
     value = value.strip()
     if not value:
         return None
@@ -86,7 +110,7 @@ def _parse_when(name: str, value: str, end: bool = False) -> datetime | None:
     except ValueError:  # well-formed, but no such day or time: 2026-02-30
         raise BadFilter(f"{name}: there is no such date or time as {echo(value)}") from None
     if timezone.is_naive(when):
-        when = when.replace(tzinfo=UTC)
+        when = when.replace(tzinfo=zone)
     try:
         when.astimezone(UTC)  # what the database adapter does: 0001-01-01T00:00+01:00 overflows
     except OverflowError:
@@ -94,26 +118,73 @@ def _parse_when(name: str, value: str, end: bool = False) -> datetime | None:
     return when
 
 
-@read_only_page
-def history(request: HttpRequest) -> HttpResponse:
-    """Every recorded request with its decision, newest first, filtered and paginated."""
-    params = request.GET
-    rows = _records().all()
-    filters = {
-        "model": params.get("model", "").strip(),
-        "band": params.get("band", "").strip(),
-        "request_id": params.get("request_id", "").strip(),
-        "since": params.get("since", "").strip(),
-        "until": params.get("until", "").strip(),
-    }
+def _unknown_parameter(name: str) -> str:
+    hint = SIMILAR.get(name.strip().lower())
+    known = ", ".join(FILTERS)
+    if hint:
+        return f"{echo(name)} is not a filter here: use {hint} (the filters are {known})"
+    return f"{echo(name)} is not a filter (the filters are {known})"
+
+
+def _filter_problems(params: Any, filters: dict[str, str], bands: list[str]) -> list[str]:
+    """Everything wrong with the query, each naming the filter, its value and what works."""
+    problems = [
+        _unknown_parameter(name)
+        for name in params
+        if name not in FILTERS and name not in OTHER_PARAMETERS
+    ]
     for name, value in filters.items():
         if "\x00" in value:  # PostgreSQL refuses NUL in a query
-            return error_page(request, 400, f"{name}: NUL characters are not allowed")
-    try:
-        since = _parse_when("since", filters["since"])
-        until = _parse_when("until", filters["until"], end=True)
-    except BadFilter as exc:
-        return error_page(request, 400, str(exc))
+            problems.append(f"{name}: NUL characters are not allowed")
+    band = filters["band"]
+    if band and "\x00" not in band and band not in bands:
+        problems.append(f"band: there is no band {echo(band)}; use {', '.join(bands)}")
+    return problems
+
+
+@read_only_page
+def history(request: HttpRequest) -> HttpResponse:
+    """Every recorded request with its decision, newest first, filtered and paginated.
+
+    A filter that cannot be used is a 400 page that keeps the form and says, for each
+    one, which filter, which value and what it accepts (never an empty table).
+    """
+    params = request.GET
+    filters = {name: params.get(name, "").strip() for name in FILTERS}
+    tz_name = params.get("tz", "").strip()
+    bands = [b.value for b in BANDS]
+    problems = _filter_problems(params, {**filters, "tz": tz_name}, bands)
+    since = until = None
+    zone: tzinfo = UTC
+    if "\x00" not in tz_name:
+        try:
+            zone = _zone(tz_name)
+        except BadFilter as exc:
+            problems.append(str(exc))
+    for name, end in (("since", False), ("until", True)):
+        if "\x00" in filters[name]:
+            continue
+        try:
+            when = _parse_when(name, filters[name], end=end, zone=zone)
+        except BadFilter as exc:
+            problems.append(str(exc))
+            continue
+        if name == "since":
+            since = when
+        else:
+            until = when
+    models = _records().order_by("model").values_list("model", flat=True).distinct()
+    context: dict[str, Any] = {
+        "nav": "history",
+        "filters": filters,
+        "tz": tz_name,
+        "bands": bands,
+        "models": list(models),
+        "problems": problems,
+    }
+    if problems:
+        return render(request, "dashboard/history.html", context, status=400)
+    rows = _records().all()
     if filters["model"]:
         rows = rows.filter(model=filters["model"])
     if filters["band"]:
@@ -127,19 +198,8 @@ def history(request: HttpRequest) -> HttpResponse:
     page = Paginator(rows.order_by("-arrived_at", "-id"), PAGE_SIZE).get_page(params.get("page"))
     query = params.copy()
     query.pop("page", None)
-    models = _records().order_by("model").values_list("model", flat=True).distinct()
-    return render(
-        request,
-        "dashboard/history.html",
-        {
-            "nav": "history",
-            "page": page,
-            "filters": filters,
-            "bands": [b.value for b in BANDS],
-            "models": list(models),
-            "query": query.urlencode(),
-        },
-    )
+    context.update(page=page, query=query.urlencode())
+    return render(request, "dashboard/history.html", context)
 
 
 @read_only_page
@@ -149,7 +209,16 @@ def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
     if mine is None:
         waiting = _waiting_now(request_id)
         if waiting is None:
-            raise Http404(f"no request {echo(request_id)} in the activity log")
+            return render(
+                request,
+                "dashboard/request_missing.html",
+                {
+                    "nav": "history",
+                    "request_id": request_id,
+                    "searchable": 0 < len(request_id) <= 64 and "\x00" not in request_id,
+                },
+                status=404,
+            )
         return render(
             request,
             "dashboard/request.html",
@@ -183,11 +252,14 @@ def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
 
 
 def _waiting_now(request_id: str) -> dict[str, Any] | None:
-    """A request still in the queue has no record yet: show its place in line."""
+    """A request still in the queue or running has no record yet: show where it is."""
     snapshot = async_to_sync(_snapshot_on_loop)()
     for row in snapshot["waiting"]:
         if row["request_id"] == request_id:
             return {**row, "depth": snapshot["depth"]}
+    for row in snapshot["running"]:
+        if row["request_id"] == request_id:
+            return {**row, "running": True}
     return None
 
 
@@ -195,3 +267,14 @@ async def _snapshot_on_loop() -> dict[str, Any]:
     # From a sync view, async_to_sync runs this on the server's event loop, where the
     # dispatcher owns the queue: never read the queue from a worker thread.
     return live.current_snapshot()
+
+
+FAVICON = Path(__file__).resolve().parent / "static" / "dashboard" / "favicon.ico"
+
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    """/favicon.ico, which browsers and tools ask for whatever the page links: open even
+    when the pages need a login, cached for a day."""
+    response = HttpResponse(FAVICON.read_bytes(), content_type="image/x-icon")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -184,8 +185,15 @@ def _raw_rest(request: HttpRequest, path: str) -> str:
 # -- not scheduled -----------------------------------------------------------------------
 
 
+STARTED_AT = int(time.time())
+"""When the server started (this module is imported as the URLconf loads, before daphne
+serves): the config file was loaded then, and /v1/models gives it as each model's
+``created``."""
+
+
 async def list_models(request: HttpRequest) -> HttpResponse:
-    """GET /v1/models: OpenAI's list; ``unlisted`` models are hidden."""
+    """GET /v1/models: OpenAI's list; ``unlisted`` models are hidden. ``created`` is the
+    server's start (when the config file was loaded), in Unix seconds."""
     config = runtime.current().config
     data = []
     for model in sorted(config.models.values(), key=lambda m: m.id):
@@ -194,7 +202,7 @@ async def list_models(request: HttpRequest) -> HttpResponse:
         entry: dict[str, Any] = {
             "id": model.id,
             "object": "model",
-            "created": 0,
+            "created": STARTED_AT,
             "owned_by": "llamaswap",
         }
         if model.name:

@@ -213,3 +213,117 @@ def test_dashboard_live_request_page_and_admin_edit(server, browser):
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         page.close()
+
+
+def test_times_are_local_24_hour_with_the_zone_named_and_chart_labels_apart(server, browser):
+    """A viewer in Berlin: the header says so, tables and chart axes show Berlin time,
+    24-hour, and the time axis labels of the (narrow) charts do not run into each other."""
+    import datetime as dt
+    from zoneinfo import ZoneInfo
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    url = server.url
+    berlin = ZoneInfo("Europe/Berlin")
+    hours = int(dt.datetime.now(berlin).utcoffset().total_seconds() // 3600)
+    caption = f"times in Europe/Berlin (UTC+{hours})"
+    context = browser.new_context(
+        timezone_id="Europe/Berlin", viewport={"width": 1100, "height": 900}
+    )
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        response = _send(url, "alpha", "normal", 0.1)
+        assert response.status_code == 200
+        request_id = response.headers["X-LlamaSwap-Request-Id"]
+        page.goto(url + "/")
+        page.wait_for_selector("body[data-connection=live]", timeout=5000)
+        assert page.inner_text(".tz-caption") == caption
+        source = page.inner_text("#settings .s-source")
+        if " at " in source:  # an admin edit's time (after the first test), in Berlin time
+            assert f"UTC+{hours}" in source and " UTC " not in source, source
+        # Let the charts gather a few seconds of samples, then check the time axis.
+        page.wait_for_function("window.llamaswapCharts[0].data[0].length >= 3", timeout=10000)
+        axes = page.evaluate(
+            """() => window.llamaswapCharts.map(u => {
+                const ax = u.axes[0];
+                const ctx = document.createElement('canvas').getContext('2d');
+                ctx.font = ax.font[0];
+                return {
+                    values: ax._values,
+                    pos: ax._splits.map(v => u.valToPos(v, 'x')),
+                    widths: ax._values.map(t => ctx.measureText(String(t)).width),
+                };
+            })"""
+        )
+        for axis in axes:
+            assert len(axis["values"]) >= 2, axis
+            for label in axis["values"]:
+                assert dt.datetime.strptime(
+                    label, "%H:%M:%S" if label.count(":") == 2 else "%H:%M"
+                ), axis
+            for i in range(1, len(axis["pos"])):
+                gap = axis["pos"][i] - axis["pos"][i - 1]
+                assert gap > (axis["widths"][i] + axis["widths"][i - 1]) / 2 + 8, axis
+        # the labels are Berlin time: the newest tick is within the last minute, local
+        last = axes[0]["values"][-1]
+        now = dt.datetime.now(berlin)
+        tick = dt.datetime.combine(now.date(), dt.time.fromisoformat(last), berlin)
+        assert (
+            abs((now - tick).total_seconds()) < 120 or abs((now - tick).total_seconds()) > 86000
+        ), (
+            last,
+            now,
+        )
+        # the decision rows: local 24-hour text, UTC in the datetime attribute
+        page.wait_for_selector("#decision-rows time", timeout=5000)
+        stamp = page.get_attribute("#decision-rows time", "datetime")
+        text = page.inner_text("#decision-rows time")
+        local = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).astimezone(berlin)
+        assert text == local.strftime("%H:%M:%S"), (stamp, text)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-berlin.png"), full_page=True)
+
+        # History: the same convention, and the filters are read in the viewer's zone.
+        _wait_record(url, request_id)
+        page.goto(url + "/history/")
+        assert page.inner_text(".tz-caption") == caption
+        assert page.input_value("input[name=tz]") == "Europe/Berlin"
+        row = page.locator("tr", has=page.locator(f"a[href='/requests/{request_id}/']"))
+        cell = row.locator("time")
+        arrived = dt.datetime.fromisoformat(cell.get_attribute("datetime").replace("Z", "+00:00"))
+        assert cell.inner_text() == arrived.astimezone(berlin).strftime("%Y-%m-%d %H:%M:%S")
+        since = (arrived.astimezone(berlin) - dt.timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%S")
+        page.fill("input[name=since]", since)
+        page.fill("input[name=request_id]", request_id)
+        page.click("form.filters button[type=submit]")
+        page.wait_for_load_state()
+        assert "tz=Europe%2FBerlin" in page.url
+        assert "1 request" in page.inner_text(".pager")
+        page.screenshot(path=str(ARTIFACTS / "history-berlin.png"), full_page=True)
+
+        # A filter that cannot be used says so.
+        page.goto(url + "/history/?band=bogus&start=yesterday")
+        assert "there is no band 'bogus'" in page.inner_text(".problems")
+        page.screenshot(path=str(ARTIFACTS / "history-bad-filter.png"), full_page=True)
+        page.goto(url + "/requests/no-such-request/")
+        assert "No such request" in page.inner_text("main")
+        page.screenshot(path=str(ARTIFACTS / "request-missing.png"), full_page=True)
+
+        # The admin: numbers as typed, fifo priorities as rows, times zoned.
+        page.goto(url + "/admin/dashboard/schedulersettingsrecord/")
+        page.fill("#id_username", "admin")
+        page.fill("#id_password", ADMIN_PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_selector("#id_aging_divisor", timeout=5000)
+        assert page.input_value("#id_aging_divisor") == "60"
+        page.fill("#id_fifo_priority", "alpha")
+        page.fill("input[name=fifo_priority-priority-0]", "7")
+        page.click("input[name=_continue]")
+        page.wait_for_selector("table.value-sources", timeout=5000)
+        assert page.input_value("#id_fifo_priority") == "alpha"
+        sources = page.inner_text("table.value-sources")
+        assert "alpha=7" in sources and f"UTC+{hours}" in sources, sources
+        page.screenshot(path=str(ARTIFACTS / "admin-berlin.png"), full_page=True)
+        assert errors == []
+    finally:
+        context.close()

@@ -59,9 +59,7 @@ def test_dashboard_first_paint_is_rendered_on_the_server(client):
     assert 'id="waiting-rows"' in html and "nothing waiting" in html
     assert 'id="initial-snapshot"' in html
     assert "/static/dashboard/vendor/uplot/uPlot.iife.min.js" in html  # served locally
-    assert "http://" not in html.split("<body>")[0].replace(
-        'href="data:,"', ""
-    )  # nothing from elsewhere
+    assert "http://" not in html.split("<body>")[0]  # nothing from elsewhere
     assert client.get("/dashboard/").status_code == 200
 
 
@@ -120,5 +118,202 @@ def test_request_page_says_why_it_waited(client):
     assert "later" not in html.split("Jobs that went first")[1]
 
 
-def test_unknown_request_is_404(client):
-    assert client.get("/requests/nope/").status_code == 404
+# -- a request that is not in the log -----------------------------------------------------
+
+
+def test_unknown_request_is_a_404_page_in_the_dashboard_layout(client):
+    response = client.get("/requests/nope/")
+    html = response.content.decode()
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")
+    assert '<header class="top">' in html and "/static/dashboard/dashboard.css" in html
+    assert '<a href="/history/" class="active">History</a>' in html
+    assert "<h1>No such request</h1>" in html
+    assert "There is no request" in html and "nope" in html and "in the activity log" in html
+    assert 'href="/history/?request_id=nope"' in html  # search for ids starting with it
+
+
+def test_a_running_request_is_shown_as_running_not_missing(client, monkeypatch):
+    from dashboard import live
+
+    snap = live.current_snapshot()
+    snap["running"] = [
+        {
+            "request_id": "busy-1",
+            "model": "a",
+            "band": "normal",
+            "priority": 0,
+            "state": "running",
+            "elapsed": 12.5,
+            "score": 0.2,
+        }
+    ]
+    monkeypatch.setattr(live, "current_snapshot", lambda: snap)
+    response = client.get("/requests/busy-1/")
+    assert response.status_code == 200
+    assert "Running now on <strong>a</strong>" in response.content.decode()
+
+
+# -- history filters that cannot be used ----------------------------------------------------
+
+
+def test_bad_history_filters_are_a_400_that_says_which_value_and_what_works(client):
+    _record("r1", dispatched=1)
+    response = client.get("/history/?band=bogus&start=yesterday")
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert "These filters cannot be used" in html
+    # which filter, which value, what is accepted
+    assert "band: there is no band &#x27;bogus&#x27;; use interactive, normal, batch" in html
+    assert "&#x27;start&#x27; is not a filter here: use since" in html
+    assert "no recorded requests match" not in html  # no silently empty table
+    assert 'name="since"' in html  # the form stays to fix it
+    # an impossible date is the same page
+    response = client.get("/history/?since=2026-02-30")
+    assert (
+        response.status_code == 400 and "These filters cannot be used" in response.content.decode()
+    )
+    assert (
+        "since: there is no such date or time as &#x27;2026-02-30&#x27;"
+        in response.content.decode()
+    )
+    response = client.get("/history/?until=yesterday&tz=Mars/Olympus")
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert "until: expected a date like 2026-11-29" in html and "yesterday" in html
+    assert "tz: there is no time zone &#x27;Mars/Olympus&#x27;" in html
+    assert client.get("/history/?x=1").status_code == 400
+
+
+def test_history_reads_since_and_until_in_the_browsers_zone(client):
+    for i in range(10):
+        _record(f"t{i}", arrived=i * 60, dispatched=i * 60 + 1)  # 12:00 .. 12:09 UTC
+    # 13:05 in Berlin (UTC+1 in November) is 12:05 UTC
+    html = client.get("/history/?since=2026-11-29T13:05&tz=Europe/Berlin").content.decode()
+    assert "5 requests" in html
+    html = client.get("/history/?since=2026-11-29T12:05").content.decode()  # no zone: UTC
+    assert "5 requests" in html
+    html = client.get("/history/?until=2026-11-29T07:02&tz=America/New_York").content.decode()
+    assert "3 requests" in html
+
+
+# -- one time convention --------------------------------------------------------------------
+
+
+def test_times_are_time_elements_in_utc_that_the_page_shows_in_local_time(client):
+    _record("r1", arrived=0.25, dispatched=5)
+    html = client.get("/history/").content.decode()
+    assert (
+        '<time datetime="2026-11-29T12:00:00.250Z" data-show="datetime">2026-11-29 12:00:00</time>'
+        in html
+    )
+    assert "(UTC)" not in html  # the zone is named once, in the header
+    assert '<span class="tz-caption" title="24-hour times in UTC">times in UTC</span>' in html
+    assert '<script src="/static/dashboard/time.js"></script>' in html
+    assert '<input type="hidden" name="tz" value="">' in html
+    page = client.get("/requests/r1/").content.decode()
+    assert '<time datetime="2026-11-29T12:00:05.000Z" data-show="time">12:00:05</time>' in page
+    assert "UTC" not in page.split("<main>")[1]
+    assert client.get("/static/dashboard/time.js").status_code == 200
+
+
+def test_timetag_filter():
+    from dashboard.templatetags.dash import timetag
+
+    assert timetag(None) == "–"
+    assert timetag(1764417600.5, "time") == (
+        '<time datetime="2025-11-29T12:00:00.500Z" data-show="time">12:00:00</time>'
+    )
+    berlin = datetime(2026, 11, 29, 13, 0, tzinfo=__import__("zoneinfo").ZoneInfo("Europe/Berlin"))
+    assert 'datetime="2026-11-29T12:00:00.000Z"' in timetag(berlin, "zoned")
+    assert ">2026-11-29 12:00:00 UTC</time>" in timetag(berlin, "zoned")
+
+
+def test_times_written_into_text_become_time_elements():
+    from dashboard.templatetags.dash import local_stamps
+
+    html = local_stamps("admin edit: bonus by <b> at 2026-12-01 04:10:17 UTC (the rest)")
+    assert html == (
+        "admin edit: bonus by &lt;b&gt; at "
+        '<time datetime="2026-12-01T04:10:17.000Z" data-show="zoned">2026-12-01 04:10:17 UTC</time>'
+        " (the rest)"
+    )
+
+
+# -- "uncontested" ----------------------------------------------------------------------------
+
+
+def test_a_request_picked_alone_is_uncontested(client):
+    _record("alone", arrived=0, dispatched=0.1)  # no runner-up: nothing else waited
+    _record("beat-one", arrived=10, dispatched=10.1, runner_up_id="other")
+    _record("aged", arrived=20, dispatched=21, runner_up_id="x", reordered_by=["aging"])
+    html = client.get("/history/").content.decode()
+    rows = {
+        rid: html.split(f">{rid}</a>")[1].split("</tr>")[0] for rid in ("alone", "beat-one", "aged")
+    }
+    assert ">uncontested</span>" in rows["alone"] and "priority · arrival" not in rows["alone"]
+    assert "priority · arrival" in rows["beat-one"] and "uncontested" not in rows["beat-one"]
+    assert '<span class="term">aging</span>' in rows["aged"]
+    page = client.get("/requests/alone/").content.decode()
+    assert "uncontested</span>: no other request was waiting when it was picked" in page
+
+
+def test_pick_reason_of_live_decisions():
+    from dashboard.templatetags.dash import pick_reason
+
+    assert "uncontested" in pick_reason({"reordered_by": [], "runner_up_id": None})
+    assert pick_reason({"reordered_by": [], "runner_up_id": "b"}) == "priority · arrival"
+    assert pick_reason({"reordered_by": ["swap_affinity"], "runner_up_id": "b"}) == (
+        '<span class="term">swap affinity</span>'
+    )
+
+
+# -- favicon ----------------------------------------------------------------------------------
+
+
+def test_favicon_is_served_and_linked(client, settings):
+    settings.DASHBOARD_REQUIRE_LOGIN = True  # the icon is open even then
+    response = client.get("/favicon.ico")
+    assert response.status_code == 200 and response["Content-Type"] == "image/x-icon"
+    assert response.content[:4] == b"\x00\x00\x01\x00"  # an ICO (with a PNG inside)
+    assert b"\x89PNG" in response.content
+    assert client.head("/favicon.ico").status_code == 200
+    assert client.post("/favicon.ico").status_code == 405
+    svg = client.get("/static/dashboard/favicon.svg")
+    assert svg.status_code == 200 and b"<svg" in b"".join(svg.streaming_content)
+    settings.DASHBOARD_REQUIRE_LOGIN = False
+    html = client.get("/history/").content.decode()
+    assert '<link rel="icon" href="/static/dashboard/favicon.svg" type="image/svg+xml">' in html
+    assert '<link rel="icon" href="/favicon.ico" sizes="32x32">' in html
+
+
+async def test_favicon_goes_through_the_pages_handler():
+    from llamaswap_site.asgi import application
+    from proxy.errors import wants_json
+    from tests.asgi import Call
+
+    assert not wants_json("/favicon.ico")  # a page path, not a proxy one
+    call = Call(application, "/favicon.ico", b"", method="GET")
+    await call.done(timeout=10)
+    assert call.status == 200 and call.headers[b"content-type"] == b"image/x-icon"
+    assert call.body.startswith(b"\x00\x00\x01\x00")
+
+
+# -- /v1/models --------------------------------------------------------------------------------
+
+
+async def test_v1_models_gives_a_real_created_time():
+    import json
+    import time
+
+    from scheduler.config import parse_config
+    from tests.asgi import Call, in_process
+
+    config = parse_config({"models": {"m": {"cmd": "fake", "proxy": "http://127.0.0.1:9"}}})
+    async with in_process(config) as world:
+        call = Call(world.app, "/v1/models", b"", method="GET")
+        await call.done(timeout=10)
+    (model,) = json.loads(call.body)["data"]
+    assert model["id"] == "m" and isinstance(model["created"], int)
+    # the server's start: after 2020, not in the future
+    assert 1_577_836_800 < model["created"] <= time.time()

@@ -211,3 +211,92 @@ def test_ensure_admin_creates_the_account_from_the_environment(
     monkeypatch.delenv("LLAMASWAP_ADMIN_PASSWORD")
     call_command("ensure_admin")
     assert "createsuperuser" in capsys.readouterr().out
+
+
+# -- how the admin shows the values ------------------------------------------------------
+
+
+def test_numbers_show_as_typed_and_the_sources_as_a_table(admin_client, running):
+    apply_at_start(CONFIG.with_changes(fifo_priority={"qwen3": 10, "llama": -5}))
+    _admin_edit(swap_affinity_bonus=30)
+    html = admin_client.get(_change_url()).content.decode()
+    assert 'name="aging_divisor" value="60"' in html and "60.0" not in html
+    # fifo.priority: a row per model, then empty rows to add more
+    assert 'name="fifo_priority-model-0" id="id_fifo_priority" value="llama"' in html
+    assert 'name="fifo_priority-priority-0" value="-5"' in html
+    assert 'name="fifo_priority-model-1" id="id_fifo_priority-model-1" value="qwen3"' in html
+    assert 'name="fifo_priority-model-4"' in html and 'name="fifo_priority-model-5"' not in html
+    assert "{&quot;" not in html and '{"' not in html.split("<form")[1]  # no raw JSON
+    sources = html.split('class="value-sources"')[1].split("</table>")[0]
+    assert "<td><code>agingDivisor</code></td><td>60</td><td>60</td><td>config file</td>" in sources
+    assert "<td><code>fifoPriority</code></td><td>llama=-5, qwen3=10</td>" in sources
+    assert (
+        "<td><code>swapAffinityBonus</code></td><td>30</td><td>10</td><td>admin edit by alice at <time"
+        in sources
+    )
+    assert 'data-show="zoned"' in sources and "/static/dashboard/time.js" in html
+
+
+def test_fractional_numbers_keep_their_fraction(admin_client, running):
+    apply_at_start(CONFIG.with_changes(aging_divisor=0.5))
+    html = admin_client.get(_change_url()).content.decode()
+    assert 'name="aging_divisor" value="0.5"' in html
+
+
+def _rows(*pairs, extra: int = 2) -> dict:
+    data = {}
+    for i, (model, priority) in enumerate([*pairs, *[("", "")] * extra]):
+        data[f"fifo_priority-model-{i}"] = model
+        data[f"fifo_priority-priority-{i}"] = priority
+    return data
+
+
+def test_fifo_priorities_are_edited_as_rows(admin_client, running):
+    apply_at_start(CONFIG)
+    form = _form(**_rows(("qwen3", "10"), ("llama", " -5 ")))
+    del form["fifo_priority"]
+    assert admin_client.post(_change_url(), form).status_code == 302
+    assert SchedulerSettingsRecord.objects.get().fifo_priority == {"qwen3": 10, "llama": -5}
+    ((settings, _),) = running.calls
+    assert dict(settings.fifo_priority) == {"qwen3": 10, "llama": -5}
+    # clearing a row's model id removes it
+    form = _form(**_rows(("", "10"), ("llama", "-5")))
+    del form["fifo_priority"]
+    response = admin_client.post(_change_url(), form)
+    assert (
+        "fifo.priority: row 1 has the priority &#x27;10&#x27; but no model id"
+        in response.content.decode()
+    )
+    form = _form(**_rows(("", ""), ("llama", "-5")))
+    del form["fifo_priority"]
+    assert admin_client.post(_change_url(), form).status_code == 302
+    assert SchedulerSettingsRecord.objects.get().fifo_priority == {"llama": -5}
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ((("qwen", "high"),), "fifo.priority.qwen: must be an integer"),
+        ((("qwen", "1.5"),), "fifo.priority.qwen: must be an integer"),
+        ((("qwen", ""),), "fifo.priority.qwen: give an integer priority"),
+        ((("qwen", "1"), ("qwen", "2")), "fifo.priority.qwen: given twice"),
+    ],
+)
+def test_invalid_fifo_rows_are_refused_and_kept(admin_client, running, rows, message):
+    apply_at_start(CONFIG)
+    form = _form(**_rows(*rows))
+    del form["fifo_priority"]
+    response = admin_client.post(_change_url(), form)
+    html = response.content.decode()
+    assert response.status_code == 200 and message in html
+    assert 'value="qwen"' in html  # the rows come back as typed, to fix
+    assert running.calls == [] and not SettingsChange.objects.exists()
+
+
+def test_the_change_log_shows_values_as_typed(admin_client, running):
+    apply_at_start(CONFIG)
+    _admin_edit(aging_divisor=90.0, fifo_priority={"m": 3})
+    html = admin_client.get(reverse("admin:dashboard_settingschange_changelist")).content.decode()
+    assert '<td class="field-old_value">60</td><td class="field-new_value">90</td>' in html
+    assert '<td class="field-old_value">none</td><td class="field-new_value">m=3</td>' in html
+    assert 'data-show="zoned"' in html

@@ -1,10 +1,18 @@
-"""Formatting shared by the server-rendered pages (dashboard.js formats live values alike)."""
+"""Formatting shared by the server-rendered pages (dashboard.js formats live values alike).
+
+Times: one convention everywhere. The server writes ``<time datetime="...Z">`` with the
+UTC value as fallback text; time.js rewrites the text in the viewer's local time, 24-hour,
+and the page header names the zone ("times in Europe/Berlin (UTC+1)").
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 from django import template
+from django.utils.html import conditional_escape, format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 
 register = template.Library()
 
@@ -32,6 +40,50 @@ def clock(value: float | None) -> str:
     return dt.datetime.fromtimestamp(float(value), dt.UTC).strftime("%H:%M:%S")
 
 
+TIME_SHOWS = {"datetime": "%Y-%m-%d %H:%M:%S", "time": "%H:%M:%S", "zoned": "%Y-%m-%d %H:%M:%S UTC"}
+"""``zoned`` names its zone in the text (2026-11-29 13:00:00 UTC+1 once local): for pages
+without the header that names it (the admin)."""
+
+
+def _as_utc(value: dt.datetime | float | int | str) -> dt.datetime:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:  # stored times are UTC (USE_TZ); naive ones are taken as UTC
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
+    return dt.datetime.fromtimestamp(float(value), dt.UTC)
+
+
+@register.filter
+def timetag(value: dt.datetime | float | None, show: str = "datetime") -> SafeString | str:
+    """A datetime or Unix seconds as ``<time datetime="2026-11-29T12:00:00.000Z">`` with
+    the UTC value as text (``show``: datetime, time or zoned); time.js shows it in local
+    time."""
+    if value is None or value == "":
+        return "–"
+    when = _as_utc(value)
+    iso = when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    shown = show if show in TIME_SHOWS else "datetime"
+    return format_html(
+        '<time datetime="{}" data-show="{}">{}</time>', iso, shown, when.strftime(TIME_SHOWS[shown])
+    )
+
+
+STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC")
+"""A UTC time written into text (the settings source: "... by alice at 2026-12-01 04:10:17 UTC")."""
+
+
+@register.filter
+def local_stamps(text: str) -> SafeString:
+    """Text with each ``YYYY-MM-DD HH:MM:SS UTC`` in it as a zoned ``<time>`` (time.js
+    shows it in local time with its offset)."""
+
+    def tag(match: re.Match[str]) -> str:
+        when = dt.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=dt.UTC)
+        return str(timetag(when, "zoned"))
+
+    return mark_safe(STAMP.sub(tag, str(conditional_escape(text))))
+
+
 @register.filter
 def num(value: float | None, digits: int = 2) -> str:
     """A score or term: at most ``digits`` decimals, trailing zeros dropped."""
@@ -54,3 +106,41 @@ def term_label(value: str) -> str:
 @register.filter
 def short_id(value: str) -> str:
     return value[:8] if value and len(value) > 12 else value
+
+
+@register.filter
+def plain_number(value: float | int | None) -> str:
+    """A setting as typed: 60, not 60.0; 0.5 stays 0.5."""
+    if value is None or value == "":
+        return "–"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+UNCONTESTED_TITLE = "no other request was waiting when it was picked: no runner-up"
+
+
+@register.filter
+def pick_reason(row) -> SafeString | str:
+    """What changed the pick: the terms that reordered it; "uncontested" when no other
+    request was waiting (the decision has no runner-up); else priority and arrival order.
+
+    ``row``: an activity-log record (``runner_up_id`` empty when none, ``dispatched_at``
+    None when never picked) or a live decision (a dict, ``runner_up_id`` None when none).
+    """
+    if isinstance(row, dict):
+        terms, runner_up, picked = row.get("reordered_by") or [], row.get("runner_up_id"), True
+    else:
+        terms, runner_up, picked = row.reordered_by or [], row.runner_up_id, row.dispatched_at
+    if not picked:
+        return "–"
+    if terms:
+        return format_html_join(
+            " ", '<span class="term">{}</span>', ((term_label(t),) for t in terms)
+        )
+    if not runner_up:
+        return format_html(
+            '<span class="uncontested" title="{}">uncontested</span>', UNCONTESTED_TITLE
+        )
+    return "priority · arrival"

@@ -8,6 +8,7 @@
   var COLORS = { interactive: "#e8590c", normal: "#1c7ed6", batch: "#7048e8" };
   var REQUEST_URL = document.currentScript.dataset.requestUrl || "/requests/";
   var HISTORY = 600; // chart points kept (one a second: ten minutes)
+  var T = window.llamaswapTime; // time.js: local time, 24-hour, the zone in the header
 
   // -- formatting (same as dashboard/templatetags/dash.py) -----------------------------
 
@@ -21,10 +22,6 @@
     var h = Math.floor(v / 3600), mm = Math.floor((v % 3600) / 60);
     return h + "h " + (mm < 10 ? "0" : "") + mm + "m";
   }
-  function clock(t) {
-    if (t === null || t === undefined) return "–";
-    return new Date(t * 1000).toISOString().substring(11, 19);
-  }
   function num(v) {
     if (v === null || v === undefined) return "–";
     var text = v.toFixed(2).replace(/\.?0+$/, "");
@@ -36,7 +33,22 @@
       return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c];
     });
   }
+  // Text with each "YYYY-MM-DD HH:MM:SS UTC" in it in local time (dash.py's local_stamps).
+  function localStamps(text) {
+    return esc(text).replace(/(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) UTC/g,
+      function (m, y, mo, d, h, mi, sec) { return T.tag(Date.UTC(+y, +mo - 1, +d, +h, +mi, +sec) / 1000, "zoned"); });
+  }
   function termLabel(t) { return t === "swap_affinity" ? "swap affinity" : t; }
+  // What changed the pick (as the pick_reason filter in dash.py): the reordering terms;
+  // "uncontested" when nothing else was waiting (no runner-up); else priority and arrival.
+  function pickReason(d) {
+    var terms = d.reordered_by.map(function (t) { return '<span class="term">' + esc(termLabel(t)) + "</span>"; });
+    if (terms.length) return terms.join(" ");
+    if (!d.runner_up_id) {
+      return '<span class="uncontested" title="no other request was waiting when it was picked: no runner-up">uncontested</span>';
+    }
+    return "priority · arrival";
+  }
   function rid(id) {
     return '<a href="' + REQUEST_URL + encodeURIComponent(id) + '/" class="rid">' + esc(shortId(id)) + "</a>";
   }
@@ -79,8 +91,10 @@
     setText("#settings .s-bonus", s.swapAffinityBonus);
     var fifo = Object.keys(s.fifoPriority).map(function (m) { return m + "=" + s.fifoPriority[m]; });
     setText("#settings .s-fifo", fifo.join(" ") || "none");
-    setText("#settings .s-source", s.source);
-    setText("#settings .s-since", clock(s.since));
+    var source = $("#settings .s-source");
+    if (source) source.innerHTML = localStamps(s.source);
+    var since = $("#settings .s-since");
+    if (since) since.innerHTML = T.tag(s.since, "time");
   }
 
   function renderWaiting(snap) {
@@ -98,11 +112,10 @@
 
   function renderDecisions(snap) {
     var rows = snap.decisions.map(function (d) {
-      var terms = d.reordered_by.map(function (t) { return '<span class="term">' + termLabel(t) + "</span>"; });
-      return "<tr><td>" + clock(d.at) + "</td><td>" + rid(d.request_id) + "</td><td>" + esc(d.model) +
+      return "<tr><td>" + T.tag(d.at, "time") + "</td><td>" + rid(d.request_id) + "</td><td>" + esc(d.model) +
         "</td><td>" + tag(d.band) + '</td><td class="n">' + d.priority + '</td><td class="n score">' +
         num(d.score) + '</td><td class="n">' + secs(d.wait) + "</td><td>" + (d.swap ? "swap" : "–") +
-        "</td><td>" + (terms.join(" ") || "priority · arrival") + "</td></tr>";
+        "</td><td>" + pickReason(d) + "</td></tr>";
     });
     $("#decision-rows").innerHTML = rows.join("") ||
       '<tr class="empty"><td colspan="9">no decisions yet</td></tr>';
@@ -124,6 +137,19 @@
     }
   }
 
+  // The time axis in local 24-hour time (as the tables), one line per label, at least
+  // 90 px apart so labels never run into each other: HH:MM, or HH:MM:SS when ticks fall
+  // between minutes.
+  function timeAxis() {
+    return {
+      space: 90,
+      values: function (u, splits, axisIdx, space, incr) {
+        var show = incr % 60 === 0 ? "minute" : "time";
+        return splits.map(function (v) { return v === null ? "" : T.clock(v, show); });
+      },
+    };
+  }
+
   function makeChart(el, offset, label) {
     var series = [{}].concat(BANDS.map(function (b) {
       return { label: b, stroke: COLORS[b], width: 2, value: function (u, v) { return v === null ? "–" : v; } };
@@ -133,7 +159,7 @@
       scales: {
         x: { time: true, range: function (u, min, max) { return [Math.min(min, max - 60), max]; } },
         y: { range: function (u, min, max) { return [0, Math.max(1, max * 1.1)]; } } },
-      axes: [{}, { label: label, size: 50 }],
+      axes: [timeAxis(), { label: label, size: 50 }],
       legend: { live: false },
     };
     var view = function () { return [data[0], data[offset], data[offset + 1], data[offset + 2]]; };
@@ -211,6 +237,7 @@
       makeChart($("#chart-depth"), 1, "requests"),
       makeChart($("#chart-wait"), 4, "seconds"),
     ];
+    window.llamaswapCharts = charts.map(function (c) { return c.chart; }); // for the console and tests
     window.addEventListener("resize", function () {
       charts.forEach(function (c) { c.chart.setSize({ width: Math.max(200, c.el.clientWidth), height: 180 }); });
     });
