@@ -1,7 +1,7 @@
 """The product against the simulated model server called directly, in one run.
 
 Two real ``manage.py serve`` subprocesses are started, each with one model ``m`` running
-the simulated model server (``python -m proxy.fakellm``):
+the simulated model server (``python -m fakellm``):
 
 * a fifo server (``routing.scheduler.use: fifo``, ``concurrencyLimit: 32``) for latency,
   throughput and a long stream. "Direct" is the same client code sending the same
@@ -137,7 +137,7 @@ class Server:
         self.model_port = free_port()
         taskset = f"taskset -c {CLIENT_CPU} " if pin else ""
         model = {
-            "cmd": f"{taskset}{PY} -m proxy.fakellm --host 127.0.0.1 --port {self.model_port}",
+            "cmd": f"{taskset}{PY} -m fakellm --host 127.0.0.1 --port {self.model_port}",
             "proxy": f"http://127.0.0.1:{self.model_port}",
             "concurrencyLimit": 32,
         }

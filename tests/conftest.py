@@ -32,7 +32,7 @@ def free_port() -> Callable[[], int]:
 
 def fakellm_argv(port: int, *args: str) -> tuple[str, ...]:
     """The command line that runs fakellm with this interpreter."""
-    return (sys.executable, "-m", "proxy.fakellm", "--port", str(port), *args)
+    return (sys.executable, "-m", "fakellm", "--port", str(port), *args)
 
 
 @pytest.fixture

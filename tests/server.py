@@ -1,6 +1,6 @@
 """Run the real server (``manage.py serve``) as a subprocess for end-to-end tests.
 
-The model processes are the bundled simulated model server (proxy.fakellm). Everything a
+The model processes are the bundled simulated model server (fakellm). Everything a
 test starts is killed when it ends, model processes included.
 """
 
@@ -64,7 +64,7 @@ def fake_model(
     if record is not None:
         extra += f" --record-file {record}"
     return {
-        "cmd": f"{sys.executable} -m proxy.fakellm --host 127.0.0.1 --port {port} "
+        "cmd": f"{sys.executable} -m fakellm --host 127.0.0.1 --port {port} "
         f"--load-seconds {load_seconds} --tokens-per-second {tps} {extra}",
         "proxy": f"http://127.0.0.1:{port}",
         **keys,

@@ -1202,7 +1202,7 @@ def test_example_config_loads_cleanly() -> None:
     ports = set()
     for m in config.models.values():
         # Runs the bundled simulated server from the repo root, each on its own port.
-        assert m.cmd[:3] == (".venv/bin/python", "-m", "proxy.fakellm")
+        assert m.cmd[:3] == (".venv/bin/python", "-m", "fakellm")
         port = m.cmd[m.cmd.index("--port") + 1]
         assert m.proxy == f"http://127.0.0.1:{port}"
         ports.add(port)

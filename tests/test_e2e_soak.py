@@ -55,7 +55,7 @@ def model_pid(server: Server, port: int) -> int:
                 cmdline = f.read()
         except OSError:
             continue
-        if b"proxy.fakellm" in cmdline and str(port).encode() in cmdline:
+        if b"fakellm" in cmdline and str(port).encode() in cmdline:
             return pid
     raise AssertionError(f"no model process on port {port}")
 

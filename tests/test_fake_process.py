@@ -1,7 +1,7 @@
 """The in-memory FakeModelProcess is faithful where the races live.
 
 One scenario table runs against both the fake and the real ModelProcess (over
-``proxy.fakellm`` subprocesses): start -> ready, stop while starting, stop during the
+``fakellm`` subprocesses): start -> ready, stop while starting, stop during the
 stop delay, a crash reported asynchronously, and stop racing a crash. Whatever the
 dispatcher tests conclude with the fake would hold with real processes.
 """

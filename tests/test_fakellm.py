@@ -284,10 +284,20 @@ async def test_keep_alive_and_chunked_request_body(server):
 
 
 def test_starts_fast():
-    """Import cost stays small: no Django, no third-party packages."""
+    """Start-up stays cheap: the application imports no third-party package, and serving it
+    (daphne, Twisted) brings in no Django, Channels or HTTP client."""
     import subprocess
     import sys
 
-    code = "import sys, proxy.fakellm; print(sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'httpx', 'aiohttp')))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=5)
-    assert out.stdout.strip() == "[]"
+    from tests.conftest import ROOT
+
+    watched = "{'django', 'channels', 'httpx', 'aiohttp', 'twisted', 'daphne'}"
+
+    def imported(code: str) -> str:
+        code += f"; print(sorted({{m.split('.')[0] for m in sys.modules}} & {watched}))"
+        argv = [sys.executable, "-c", "import sys; " + code]
+        out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip()
+
+    assert imported("import fakellm.app") == "[]"
+    assert imported("import fakellm.app, daphne.server") == "['daphne', 'twisted']"

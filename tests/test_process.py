@@ -498,7 +498,7 @@ async def main():
     root, state, port, escapee = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     set_state_dir(state)
     become_subreaper()  # as manage.py serve does
-    server = shlex.join([sys.executable, "-m", "proxy.fakellm", "--port", str(port)])
+    server = shlex.join([sys.executable, "-m", "fakellm", "--port", str(port)])
     wrapper = f"{server} & echo child $!; {shlex.join([sys.executable, '-c', escapee])} & wait"
     cfg = ModelConfig(id="wrapped", cmd=("sh", "-c", wrapper), proxy=f"http://127.0.0.1:{port}",
                       check_endpoint="/health", health_check_timeout=10)
