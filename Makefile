@@ -42,3 +42,13 @@ lint: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# The end-to-end suite against llama.cpp's real llama-server (scripts/real-llama/README.md).
+# Not part of `make test`: the first run compiles llama-server (~10 min on 2 cores, cached
+# in ~/.cache/llamaswap-e2e, or LLAMASWAP_E2E_CACHE); later runs reuse it.
+.PHONY: e2e
+e2e: install
+	@out="$$(scripts/real-llama/build.sh)" && eval "$$(printf '%s\n' "$$out" | tail -n 2)" && \
+	export LLAMASWAP_E2E_LLAMA_SERVER LLAMASWAP_E2E_MODELS && \
+	echo "llama-server: $$LLAMASWAP_E2E_LLAMA_SERVER  models: $$LLAMASWAP_E2E_MODELS" && \
+	$(BIN)/python -m pytest -q e2e/ $(PYTEST_ARGS)
