@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from bench import machine, markdown_table, quantile_us
-from tests.server import descendants, free_port
+from scheduler.testing import descendants, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable

@@ -104,3 +104,22 @@ async def fakellm() -> AsyncIterator[Callable[..., Awaitable[FakeLLMServer]]]:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
+
+
+@pytest.fixture
+async def dispatchers():
+    """``await dispatchers(config, **Dispatcher options)``: a started dispatcher, stopped
+    (grace 0) when the test ends."""
+    from scheduler.dispatcher import Dispatcher
+
+    started = []
+
+    async def build(config, **options):
+        dispatcher = Dispatcher(config, **options)
+        await dispatcher.start()
+        started.append(dispatcher)
+        return dispatcher
+
+    yield build
+    for dispatcher in started:
+        await dispatcher.stop(grace=0)

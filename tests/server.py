@@ -20,13 +20,9 @@ from pathlib import Path
 import httpx
 import yaml
 
+from scheduler.testing import alive, descendants, free_port  # noqa: F401  (tests import them from here too)
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def free_port_block(size: int = 8) -> int:
@@ -69,36 +65,6 @@ def fake_model(
         "proxy": f"http://127.0.0.1:{port}",
         **keys,
     }
-
-
-def descendants(pid: int) -> set[int]:
-    """All live descendant pids of ``pid`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    out: set[int] = set()
-    stack = [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            out.add(child)
-            stack.append(child)
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 class Server:
