@@ -939,6 +939,12 @@ class Dispatcher:
         self._swap_task = None
         self._swap_aborted = False
         loading = [t for t in self._running.get(event.model, ()) if t.state is TicketState.LOADING]
+        if event.error is None and aborted and event.process is not None:
+            # Given up just as the start succeeded: it goes, like any unloaded process.
+            self._stop_process(event.process)
+            event = _SwapDone(
+                event.model, None, ModelStartError(event.model, "unloaded while loading"), event.seconds
+            )
         if event.error is not None:
             self._queue.set_loaded_model(None)
             log.warning(
