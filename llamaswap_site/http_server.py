@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import time
 from http import HTTPStatus
 from typing import Any
 
@@ -236,18 +237,48 @@ def _guarded(channel_class: type) -> type:
     return guarded
 
 
+_ACTIVE: set[Any] = set()
+"""Guarded connections inside a request's headers or body, each with a deadline."""
+_SWEEPER: list[Any] = []
+"""The armed sweep (a Twisted DelayedCall), while there is something to watch."""
+
+
+def _sweep_interval() -> float:
+    limits = _LIMITS[0]
+    shortest = min((t for t in (limits.header_timeout, limits.body_timeout) if t), default=30.0)
+    return max(0.05, min(1.0, shortest / 5))
+
+
+def _ensure_sweeper() -> None:
+    if not _SWEEPER:
+        from twisted.internet import reactor
+
+        _SWEEPER.append(reactor.callLater(_sweep_interval(), _sweep))
+
+
+def _sweep() -> None:
+    """Cut every connection past its deadline; re-arm while any is being watched. One
+    timer for all connections, not one per request: a request costs a set insert."""
+    _SWEEPER.clear()
+    now = time.monotonic()
+    for channel in [c for c in _ACTIVE if c._ls_deadline <= now]:
+        channel._ls_expired()
+    if _ACTIVE:
+        _ensure_sweeper()
+
+
 class _GuardMixin:
     """Deadlines on one HTTP/1.1 connection (a Twisted ``HTTPChannel``): nothing per byte
-    but a counter while a body arrives. Phases: idle -> headers -> body -> idle ..."""
+    but a counter while a body arrives, and no timer per request (see :func:`_sweep`).
+    Phases: idle -> headers -> body -> handling -> idle ..."""
 
     _ls_phase = "idle"
-    _ls_timer: Any = None
+    _ls_deadline = 0.0
     _ls_received = 0
 
     def dataReceived(self, data: bytes) -> None:
         if self._ls_phase == "idle" and data:
-            self._ls_phase = "headers"
-            self._ls_arm(_LIMITS[0].header_timeout, "request line and headers")
+            self._ls_watch("headers", _LIMITS[0].header_timeout)
         super().dataReceived(data)  # type: ignore[misc]
 
     def allHeadersReceived(self) -> None:
@@ -262,9 +293,9 @@ class _GuardMixin:
                 f"{limits.max_body_bytes} bytes (limits.maxBodyBytes)",
             )
             return
-        self._ls_phase, self._ls_received = "body", 0
-        if length != 0:  # else Twisted ends the request at once
-            self._ls_arm(limits.body_timeout, "request body")
+        self._ls_received = 0
+        # No body (length 0): Twisted ends the request at once.
+        self._ls_watch("body", limits.body_timeout if length != 0 else 0)
 
     def rawDataReceived(self, data: bytes) -> None:
         if self._ls_phase == "body":
@@ -280,21 +311,20 @@ class _GuardMixin:
         super().rawDataReceived(data)  # type: ignore[misc]
 
     def allContentReceived(self) -> None:
-        self._ls_phase = "handling"
-        self._ls_cancel()
+        self._ls_watch("handling", 0)
         super().allContentReceived()  # type: ignore[misc]
         # The next request on this connection starts its own header deadline.
         self._ls_phase = "idle"
 
     def connectionLost(self, reason: Any) -> None:
-        self._ls_cancel()
+        _ACTIVE.discard(self)
         super().connectionLost(reason)  # type: ignore[misc]
 
     def timeoutConnection(self) -> None:
         if self._ls_phase in ("headers", "body"):
             seconds = _LIMITS[0].body_idle_timeout
             self._ls_log(f"no byte for {seconds:g}s", "limits.bodyIdleTimeout")
-            self._ls_cancel()
+            _ACTIVE.discard(self)
             _write_error(
                 self.transport,  # type: ignore[attr-defined]
                 408,
@@ -303,29 +333,32 @@ class _GuardMixin:
             )
         super().timeoutConnection()  # type: ignore[misc]
 
-    def _ls_arm(self, seconds: float, what: str) -> None:
-        self._ls_cancel()
+    def _ls_watch(self, phase: str, seconds: float) -> None:
+        self._ls_phase = phase
         if seconds:
-            from twisted.internet import reactor
+            self._ls_deadline = time.monotonic() + seconds
+            _ACTIVE.add(self)
+            _ensure_sweeper()
+        else:
+            _ACTIVE.discard(self)
 
-            self._ls_timer = reactor.callLater(seconds, self._ls_expired, what, seconds)
-
-    def _ls_cancel(self) -> None:
-        timer = self._ls_timer
-        if timer is not None and timer.active():
-            timer.cancel()
-        self._ls_timer = None
-
-    def _ls_expired(self, what: str, seconds: float) -> None:
-        self._ls_timer = None
-        key = "limits.headerTimeout" if self._ls_phase == "headers" else "limits.bodyTimeout"
+    def _ls_expired(self) -> None:
+        limits = _LIMITS[0]
+        if self._ls_phase == "headers":
+            what, seconds, key = (
+                "request line and headers",
+                limits.header_timeout,
+                "limits.headerTimeout",
+            )
+        else:
+            what, seconds, key = "request body", limits.body_timeout, "limits.bodyTimeout"
         self._ls_log(f"{what} not complete after {seconds:g}s", key)
         self._ls_refuse(
             408, "request_timeout", f"the {what} did not arrive within {seconds:g}s ({key})"
         )
 
     def _ls_refuse(self, status: int, code: str, message: str) -> None:
-        self._ls_cancel()
+        _ACTIVE.discard(self)
         self._ls_phase = "refused"
         transport = self.transport  # type: ignore[attr-defined]
         _write_error(transport, status, code, message)
