@@ -35,6 +35,10 @@ class RequestRecord(models.Model):
     priority = models.BigIntegerField()
     """The caller's priority (header value; signed 64-bit)."""
     band = models.CharField(max_length=16)
+    api_key = models.CharField(max_length=64, blank=True, default="")
+    """The name of the API key the request came with (never the key); empty without keys."""
+    requested_priority = models.BigIntegerField(null=True, blank=True)
+    """What the caller asked for, when its key's ceiling cut it to ``priority``."""
     policy = models.CharField(max_length=8)
     """``serial`` or ``fifo``: the scheduler that ordered it."""
 

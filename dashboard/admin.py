@@ -16,13 +16,16 @@ from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import capfirst
 
+from dashboard import keys as issued
 from dashboard import settings_store
-from dashboard.models import SchedulerSettingsRecord, SettingsChange
+from dashboard.models import IssuedKey, SchedulerSettingsRecord, SettingsChange
 from dashboard.templatetags.dash import timetag
+from scheduler.config import ConfigError, key_policy
 from scheduler.core.policy import (
     KEY_AGING,
     KEY_BONUS,
@@ -31,6 +34,7 @@ from scheduler.core.policy import (
     SchedulerSettings,
     SettingsError,
 )
+from scheduler.keys import KeyPolicy
 
 # SettingsError.key -> form field
 _FIELD_OF_KEY = {
@@ -396,3 +400,157 @@ class SettingsChangeAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
         return False
+
+
+# -- issued API keys -------------------------------------------------------------------------
+
+_POLICY_FIELDS = {  # key_policy()'s error key -> form field
+    "priority.default": "priority_default",
+    "priority.ceiling": "priority_ceiling",
+    "priority.offset": "priority_offset",
+}
+PRIORITY_HELP = "An integer, or interactive (100), normal (0) or batch (-100)."
+
+
+class IssuedKeyForm(forms.ModelForm):
+    """Name and priority rule, checked as the config's ``apiKeys[].priority`` is; the
+    priorities may be given as aliases (stored as integers). The key is never a field."""
+
+    priority_default = forms.CharField(
+        label="Default priority",
+        required=False,
+        help_text=f"When a request sends no X-LlamaSwap-Priority (empty: 0). {PRIORITY_HELP}",
+    )
+    priority_ceiling = forms.CharField(
+        label="Priority ceiling",
+        required=False,
+        help_text=f"The most a request may claim; more runs at the ceiling (empty: none). "
+        f"{PRIORITY_HELP}",
+    )
+    priority_offset = forms.IntegerField(
+        label="Priority offset",
+        required=False,
+        initial=0,
+        help_text="Added after the ceiling, e.g. to order two tiers inside one band.",
+    )
+
+    class Meta:
+        model = IssuedKey
+        fields = ["name", "priority_default", "priority_ceiling", "priority_offset"]
+
+    def clean(self):
+        data = super().clean()
+        if any(name in self.errors for name in _POLICY_FIELDS.values()):
+            return data
+        rule = {
+            "default": data.get("priority_default") or None,
+            "ceiling": data.get("priority_ceiling") or None,
+            "offset": data.get("priority_offset"),
+        }
+        try:
+            policy = key_policy(rule, "priority")
+        except ConfigError as error:
+            self.add_error(_POLICY_FIELDS.get(error.key), f"{error.key}: {error.message}")
+            return data
+        data["priority_default"] = policy.default
+        data["priority_ceiling"] = policy.ceiling
+        data["priority_offset"] = policy.offset
+        return data
+
+
+def show_policy(policy: KeyPolicy) -> str:
+    """``default -100, ceiling 0, offset +5``; ``–`` for no rule."""
+    parts = []
+    if policy.default is not None:
+        parts.append(f"default {policy.default}")
+    if policy.ceiling is not None:
+        parts.append(f"ceiling {policy.ceiling}")
+    if policy.offset:
+        parts.append(f"offset {policy.offset:+d}")
+    return ", ".join(parts) or "–"
+
+
+def _takes_effect() -> str:
+    from scheduler import runtime
+
+    if runtime.is_running():
+        return "In force at once."
+    return "No server runs in this process: it takes effect when `llamaswap serve` starts."
+
+
+@admin.register(IssuedKey)
+class IssuedKeyAdmin(admin.ModelAdmin):
+    """Adding generates the key and shows it once; only its digest and prefix are kept."""
+
+    form = IssuedKeyForm
+    list_display = ["name", "key_prefix", "policy", "created", "created_by", "revoked"]
+    search_fields = ["name", "prefix"]
+    actions = ["revoke"]
+
+    class Media:
+        js = ADMIN_JS
+
+    def get_fields(self, request: HttpRequest, obj: IssuedKey | None = None) -> list[str]:
+        policy = ["priority_default", "priority_ceiling", "priority_offset"]
+        if obj is None:
+            return ["name", *policy]
+        return ["name", "key_prefix", *policy, "created", "created_by", "revoked"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: IssuedKey | None = None) -> list[str]:
+        return [] if obj is None else ["key_prefix", "created", "created_by", "revoked"]
+
+    @admin.display(description="key", ordering="prefix")
+    def key_prefix(self, obj: IssuedKey) -> SafeString:
+        return format_html("<code>{}…</code>", obj.prefix)
+
+    @admin.display(description="priority rule")
+    def policy(self, obj: IssuedKey) -> str:
+        return show_policy(obj.policy)
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: IssuedKey) -> SafeString | str:
+        return timetag(obj.created_at, "zoned")
+
+    @admin.display(description="revoked", ordering="revoked_at")
+    def revoked(self, obj: IssuedKey) -> SafeString | str:
+        return timetag(obj.revoked_at, "zoned") if obj.revoked_at else "–"
+
+    def save_model(self, request: HttpRequest, obj: IssuedKey, form, change: bool) -> None:
+        if not change:
+            key = issued.new_key()
+            issued.assign(obj, key)
+            obj.created_by = request.user.get_username()
+            obj._new_key = key  # type: ignore[attr-defined]  # for response_add, never saved
+        super().save_model(request, obj, form, change)
+
+    def response_add(self, request: HttpRequest, obj: IssuedKey, post_url_continue=None):
+        key = getattr(obj, "_new_key", None)
+        if key:
+            self.message_user(
+                request,
+                format_html(
+                    'The key of “{}” is <code class="issued-key">{}</code>: copy it now; '
+                    "it is not stored and will not be shown again. {}",
+                    obj.name,
+                    key,
+                    _takes_effect(),
+                ),
+                messages.WARNING,
+            )
+        return super().response_add(request, obj, post_url_continue)
+
+    @admin.action(description="Revoke the selected keys")
+    def revoke(self, request: HttpRequest, queryset) -> None:
+        now = timezone.now()
+        count = 0
+        # One save each (not update()): post_save reloads the running key ring.
+        for record in queryset.filter(revoked_at__isnull=True):
+            record.revoked_at = now
+            record.save(update_fields=["revoked_at"])
+            count += 1
+        if count:
+            self.message_user(
+                request, f"Revoked {count} key{'s' if count != 1 else ''}. {_takes_effect()}"
+            )
+        else:
+            self.message_user(request, "The selected keys were revoked already.", messages.INFO)

@@ -6,7 +6,9 @@
 * ``GET /api/requests/{request_id}``: one request with its decision in full, and the
   requests dispatched while it waited, each with the score it won with.
 
-Async views on Django's stock handler, reading with the async ORM.
+Async views on Django's stock handler, reading with the async ORM. With API keys
+configured the router lets only a valid key through (``llamaswap_site.asgi``); without
+keys, ``DASHBOARD_REQUIRE_LOGIN`` puts them behind the Django login (:func:`_refused`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from activity.models import RequestRecord
+from dashboard.views import login_required
 from proxy.errors import echo, error_response
+from proxy.errors import login_required as login_required_response
 from scheduler.core.priority import BANDS
 
 DEFAULT_LIMIT = 100
@@ -90,6 +94,8 @@ def activity_row(r: RequestRecord) -> dict[str, Any]:
         "model": r.model,
         "path": r.path,
         "priority": r.priority,
+        "requested_priority": r.requested_priority,
+        "api_key": r.api_key,
         "band": r.band,
         "policy": r.policy,
         "outcome": r.outcome,
@@ -167,8 +173,18 @@ def _text_params(request: HttpRequest, *names: str) -> None:
             raise BadParameter(name, f"{name} must not contain NUL characters")
 
 
+async def _refused(request: HttpRequest) -> HttpResponse | None:
+    """403 JSON when a login is needed and there is neither one nor an API key."""
+    if getattr(request, "scope", {}).get("llamaswap.api_key") is not None or not login_required():
+        return None
+    user = await request.auser()
+    return None if user.is_authenticated else login_required_response()
+
+
 async def activity(request: HttpRequest) -> HttpResponse:
-    """GET /api/metrics/activity?model=&band=&start=&end=&request_id=&limit=&page="""
+    """GET /api/metrics/activity?model=&band=&start=&end=&request_id=&api_key=&limit=&page="""
+    if (refusal := await _refused(request)) is not None:
+        return refusal
     params = request.GET
     try:
         limit = _int_param(request, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
@@ -178,7 +194,7 @@ async def activity(request: HttpRequest) -> HttpResponse:
         band = params.get("band", "").strip()
         if band and band not in {b.value for b in BANDS}:
             raise BadParameter("band", f"band must be interactive, normal or batch, got {echo(band)}")
-        _text_params(request, "model", "request_id")
+        _text_params(request, "model", "request_id", "api_key")
     except BadParameter as exc:
         return error_response(400, str(exc), code="invalid_parameter", param=exc.param)
     rows = RequestRecord.objects.all()
@@ -188,6 +204,8 @@ async def activity(request: HttpRequest) -> HttpResponse:
         rows = rows.filter(band=band)
     if request_id := params.get("request_id", "").strip():
         rows = rows.filter(request_id=request_id)
+    if api_key := params.get("api_key", "").strip():
+        rows = rows.filter(api_key=api_key)
     if start is not None:
         rows = rows.filter(arrived_at__gte=start)
     if end is not None:
@@ -211,6 +229,8 @@ async def activity(request: HttpRequest) -> HttpResponse:
 
 async def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
     """GET /api/requests/{request_id}: the request, its decision, and why it waited."""
+    if (refusal := await _refused(request)) is not None:
+        return refusal
     if "\x00" in request_id:
         mine = None  # no id has one (and PostgreSQL refuses to compare with it)
     else:

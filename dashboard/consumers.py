@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.conf import settings
 
 from dashboard import live
+from dashboard.views import login_required
 
 CLOSE_LOGIN_REQUIRED = 4401
 
@@ -18,7 +18,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
     group = live.GROUP
 
     async def connect(self) -> None:
-        if settings.DASHBOARD_REQUIRE_LOGIN:
+        if login_required():
             user = self.scope.get("user")
             if user is None or not user.is_authenticated:
                 await self.close(code=CLOSE_LOGIN_REQUIRED)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from scheduler.keys import KeyPolicy
+
 
 class SchedulerSettingsRecord(models.Model):
     """The scheduler settings in effect: one row (pk 1)."""
@@ -84,3 +86,48 @@ class SettingsChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.field}: {self.old!r} -> {self.new!r} ({self.source}, {self.who})"
+
+
+class IssuedKey(models.Model):
+    """An API key issued in the admin. Only its SHA-256 digest and a display prefix are
+    stored: the key itself is shown once, when it is created (dashboard/keys.py loads the
+    ones not revoked into the running server's key ring)."""
+
+    name = models.CharField(max_length=100, unique=True, help_text="Who or what uses the key.")
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    """SHA-256 hex of the key (scheduler.keys.digest); never the key."""
+    prefix = models.CharField(max_length=32, editable=False)
+    """The key's start, to recognise it: ``sk-llamaswap-`` and 8 of its random characters."""
+    priority_default = models.BigIntegerField(
+        "default priority",
+        null=True,
+        blank=True,
+        help_text="When a request sends no X-LlamaSwap-Priority (else 0).",
+    )
+    priority_ceiling = models.BigIntegerField(
+        "priority ceiling",
+        null=True,
+        blank=True,
+        help_text="The most a request may claim; more runs at the ceiling. Empty: no ceiling.",
+    )
+    priority_offset = models.BigIntegerField(
+        "priority offset", default=0, help_text="Added after the ceiling."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "issued API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def policy(self) -> KeyPolicy:
+        return KeyPolicy(
+            default=self.priority_default,
+            ceiling=self.priority_ceiling,
+            offset=self.priority_offset or 0,
+        )

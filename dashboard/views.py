@@ -1,6 +1,6 @@
 """Dashboard pages: the live dashboard, the decision history, one request's story.
 
-Read-only; open unless ``DASHBOARD_REQUIRE_LOGIN`` is set. The live page reads the
+Read-only; open unless ``DASHBOARD_REQUIRE_LOGIN`` is set or API keys are configured. The live page reads the
 dispatcher's state on the event loop (an async view: the queue belongs to the dispatcher
 task's thread) and renders it in a worker thread.
 """
@@ -32,12 +32,24 @@ from scheduler.core.priority import BANDS
 PAGE_SIZE = 50
 
 
+def login_required() -> bool:
+    """Do the read-only pages (and the websocket, and the JSON API without a key) need a
+    Django login? When ``DASHBOARD_REQUIRE_LOGIN`` is set, and whenever API keys are
+    configured: a box that asks its API clients for a key does not show its queue to
+    anyone."""
+    if settings.DASHBOARD_REQUIRE_LOGIN:
+        return True
+    from scheduler import runtime
+
+    return runtime.is_running() and runtime.current().keys.enabled
+
+
 def _login_needed(request: HttpRequest, user: Any) -> bool:
-    return settings.DASHBOARD_REQUIRE_LOGIN and not user.is_authenticated
+    return not user.is_authenticated and login_required()
 
 
 def read_only_page(view):
-    """Open by default; behind the admin login when DASHBOARD_REQUIRE_LOGIN is set."""
+    """Open by default; behind the admin login when :func:`login_required`."""
 
     @functools.wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -70,7 +82,7 @@ class BadFilter(Exception):
     """A history filter that cannot be used: the page says which and why (400)."""
 
 
-FILTERS = ("model", "band", "since", "until", "request_id")
+FILTERS = ("model", "band", "since", "until", "request_id", "api_key")
 """The history page's filters, in the form's order."""
 OTHER_PARAMETERS = ("page", "tz")
 """Also accepted: the page number and the time zone of since/until (set by the page)."""
@@ -191,6 +203,8 @@ def history(request: HttpRequest) -> HttpResponse:
         rows = rows.filter(band=filters["band"])
     if filters["request_id"]:
         rows = rows.filter(Q(request_id__startswith=filters["request_id"]))
+    if filters["api_key"]:
+        rows = rows.filter(api_key=filters["api_key"])
     if since is not None:
         rows = rows.filter(arrived_at__gte=since)
     if until is not None:

@@ -7,6 +7,10 @@ Two Django handlers share one URLconf. The proxy endpoints (inference, /health, 
 hop and an OS thread per waiting request (halving memory per waiting request, see
 BENCHMARKS.md). Pages (admin, dashboard) go to :class:`PagesHandler`, Django's stock
 handler with the full middleware stack.
+
+Before either handler, the router checks access (:func:`access_refusal`): the Host header
+against ``ALLOWED_HOSTS`` on every path, and the API key on API paths when keys are
+configured. Pages need a Django login then (``dashboard.views.login_required``).
 """
 
 import asyncio
@@ -15,6 +19,7 @@ import gc
 import io
 import logging
 import os
+import types
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llamaswap_site.settings")
 
@@ -22,6 +27,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.conf import settings  # noqa: E402
 from django.core.exceptions import (  # noqa: E402
     RequestAborted,
     SuspiciousOperation,
@@ -29,9 +35,12 @@ from django.core.exceptions import (  # noqa: E402
 )
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.handlers.exception import convert_exception_to_response  # noqa: E402
+from django.http.request import split_domain_port, validate_host  # noqa: E402
 from django.urls import set_script_prefix  # noqa: E402
 
 from proxy.urls import PROXY_EXACT, PROXY_PREFIXES  # noqa: E402
+from scheduler import runtime  # noqa: E402
+from scheduler.keys import presented_key  # noqa: E402
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -239,6 +248,118 @@ def _close(response) -> None:
 
 
 
+# -- access: Host header, API keys (before either handler) --------------------------------
+
+EXEMPT = frozenset({"/health", "/favicon.ico"})
+"""Paths open even when API keys are required (health checks, browsers' icon requests)."""
+KEY_EXACT = (PROXY_EXACT - EXEMPT) | {"/v1", "/api", "/upstream"}
+KEY_PREFIXES = (*PROXY_PREFIXES, "/v1/", "/api/", "/upstream/", "/logs/")
+"""With keys configured, these need one: the proxy's endpoints and the JSON API
+(``/api/metrics/activity``, ``/api/requests/...``), and anything else under the API
+prefixes (an unknown path's 404 included). Pages (dashboard, admin) need a Django login
+instead; ``/static/`` is open."""
+SESSION_PATHS = frozenset({"/logs", "/logs/stream"})
+"""Also open to a staff member's Django session (the logs are an operator's view)."""
+API_KEY_SCOPE = "llamaswap.api_key"
+"""Where a request's :class:`scheduler.keys.ApiKey` is put in the ASGI scope."""
+
+
+def needs_key(path: str) -> bool:
+    return path in KEY_EXACT or path.startswith(KEY_PREFIXES) or path.rstrip("/") in KEY_EXACT
+
+
+def _header(scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value
+    return None
+
+
+def host_allowed(scope) -> tuple[bool, str]:
+    """Is the Host header one of ``settings.ALLOWED_HOSTS`` (Django's own matching)?
+    A request without one (HTTP/1.0) passes: no browser sends that. Returns the header."""
+    allowed = settings.ALLOWED_HOSTS
+    if "*" in allowed:
+        return True, ""
+    hosts = [value for key, value in scope.get("headers", ()) if key == b"host"]
+    if not hosts:
+        return True, ""
+    host = b", ".join(hosts).decode("latin-1")  # more than one: never valid (as in Django)
+    domain, _port = split_domain_port(host)
+    return bool(domain) and validate_host(domain, allowed), host
+
+
+def _keys():
+    return runtime.current().keys if runtime.is_running() else None
+
+
+async def staff_session(scope) -> bool:
+    """Does the request carry the session cookie of an active staff member? Read here
+    because the lean proxy handler has no session or auth middleware; the async session
+    and auth APIs, so the event loop never waits on the database."""
+    from importlib import import_module
+
+    from django.contrib.auth import aget_user
+    from django.http.cookie import parse_cookie
+
+    raw = _header(scope, b"cookie")
+    if not raw:
+        return False
+    session_key = parse_cookie(raw.decode("latin-1")).get(settings.SESSION_COOKIE_NAME)
+    if not session_key:
+        return False
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    holder = types.SimpleNamespace(session=store)
+    try:
+        user = await aget_user(holder)
+    except Exception:  # a broken session row or an unreachable database: no session
+        log.warning("session check failed", exc_info=True)
+        return False
+    return bool(user.is_active and user.is_staff)
+
+
+async def access_refusal(scope):
+    """The response that refuses this request before any handler, or None.
+
+    1. The Host header must be allowed (DNS rebinding): 400 ``invalid_host``.
+    2. With API keys configured, the API paths (:func:`needs_key`) need a valid one
+       (one hash, one dict lookup): else 401 ``invalid_api_key`` with a Basic challenge.
+       ``/logs`` and ``/logs/stream`` also take a staff session. The key found is put
+       in ``scope["llamaswap.api_key"]`` (the relay applies its priority rule).
+    """
+    from proxy.errors import invalid_api_key, invalid_host
+
+    path = scope["path"]
+    ok, host = host_allowed(scope)
+    if not ok:
+        return invalid_host(host, path)
+    keys = _keys()
+    if keys is None or not keys.enabled or not needs_key(path):
+        return None
+    presented = presented_key(scope.get("headers", ()))
+    api_key = keys.lookup(presented)
+    if api_key is not None:
+        scope[API_KEY_SCOPE] = api_key
+        return None
+    if path in SESSION_PATHS and await staff_session(scope):
+        return None
+    return invalid_api_key(presented is not None)
+
+
+def _refuse_websocket(app):
+    """The websocket route behind the same Host check (closed before the handshake: 403)."""
+
+    async def guarded(scope, receive, send):
+        ok, _host = host_allowed(scope)
+        if not ok:
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 def _build():
     from channels.routing import ProtocolTypeRouter
 
@@ -246,6 +367,11 @@ def _build():
     proxy = ProxyHandler()
 
     async def http(scope, receive, send):
+        refusal = await access_refusal(scope)
+        if refusal is not None:
+            await proxy.send_response(refusal, send)
+            _close(refusal)
+            return
         path = scope["path"]
         if path in PROXY_EXACT or path.startswith(PROXY_PREFIXES):
             await proxy(scope, receive, send)
@@ -258,7 +384,7 @@ def _build():
     except ImportError:
         pass
     else:
-        routes["websocket"] = websocket_application
+        routes["websocket"] = _refuse_websocket(websocket_application)
     return ProtocolTypeRouter(routes)
 
 

@@ -17,16 +17,22 @@ def envint(name: str, default: int) -> int:
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-SECRET_KEY = os.getenv("SECRET_KEY", "llamaswap-dev-only-change-me")
 DEBUG = envbool("DEBUG")
-ALLOWED_HOSTS = [h for h in os.getenv("ALLOWED_HOSTS", "*").split(",") if h]
+# The names the server answers to (the Host header), checked on every path by the router
+# (llamaswap_site/asgi.py) against DNS rebinding; `*` allows any. Unset: `serve` sets
+# the names of its --listen address (loopback: these three, any port).
+LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
+ALLOWED_HOSTS = [
+    h.strip() for h in os.getenv("ALLOWED_HOSTS", "").split(",") if h.strip()
+] or list(LOOPBACK_HOSTS)
 CSRF_TRUSTED_ORIGINS = [o for o in os.getenv("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 # The llama-swap config.yaml; `manage.py serve --config` overrides it.
 LLAMASWAP_CONFIG = os.getenv("LLAMASWAP_CONFIG", "")
 
-# Read-only pages (dashboard, history, request pages) are open unless this is set; the
-# admin and anything that changes state always need a login.
+# Read-only pages (dashboard, history, request pages, the websocket, the JSON API) are open
+# unless this is set or API keys are configured (dashboard.views.login_required); the
+# admin always needs a login.
 DASHBOARD_REQUIRE_LOGIN = envbool("DASHBOARD_REQUIRE_LOGIN")
 LOGIN_URL = "/admin/login/"
 
@@ -104,6 +110,62 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "init_command", "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"
     )
 _db["ENGINE"] = _PROMETHEUS_ENGINES.get(_db["ENGINE"], _db["ENGINE"])
+
+
+def secret_key_file(db: dict) -> Path:
+    """Where a generated SECRET_KEY is kept: beside the SQLite file (``NAME-secret_key``,
+    which the ``*.sqlite3-*`` ignore rule covers), else ``var/secret_key``."""
+    name = str(db.get("NAME") or "")
+    if db["ENGINE"].endswith("sqlite3") and name and name != ":memory:" and not name.startswith("file:"):
+        path = Path(name)
+        return path.with_name(path.name + "-secret_key")
+    return BASE_DIR / "var" / "secret_key"
+
+
+def stored_secret_key(path: Path) -> str:
+    """The key in ``path``; on the first run a new random one, written with mode 0600
+    (atomically: two processes starting together end up with the same key). A folder
+    that cannot be written: a key for this process only (sessions end at restart)."""
+    import secrets
+    import tempfile
+    import warnings
+
+    try:
+        key = path.read_text().strip()
+        if key:
+            return key
+    except FileNotFoundError:
+        pass
+    key = secrets.token_urlsafe(50)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".secret_key.")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(key + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            try:
+                os.link(tmp, path)  # fails if another process was first: use its key
+            except FileExistsError:
+                return path.read_text().strip() or key
+            except OSError:  # a file system without hard links
+                os.replace(tmp, path)
+                return key
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        warnings.warn(
+            f"cannot keep a SECRET_KEY in {path} ({exc}): using one for this process only; "
+            "set SECRET_KEY",
+            stacklevel=1,
+        )
+    return key
+
+
+# Given (SECRET_KEY), else generated on the first run and kept beside the database.
+SECRET_KEY = os.getenv("SECRET_KEY", "").strip() or stored_secret_key(secret_key_file(_db))
 
 # The activity log (activity.recorder): on by default; rows older than the days or
 # beyond the newest rows are pruned in the background (and by `manage.py prune_activity`).

@@ -75,9 +75,20 @@ def error_type(status: int) -> str:
     return _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
-def error_body(status: int, message: str, code: str | None = None, param: str | None = None) -> bytes:
+def error_body(
+    status: int,
+    message: str,
+    code: str | None = None,
+    param: str | None = None,
+    *,
+    type_: str | None = None,
+) -> bytes:
     """The JSON bytes of an error (also written by ``llamaswap_site.http_server``)."""
-    error: dict[str, Any] = {"message": message, "type": error_type(status), "code": code or default_code(status)}
+    error: dict[str, Any] = {
+        "message": message,
+        "type": type_ or error_type(status),
+        "code": code or default_code(status),
+    }
     if param is not None:
         error["param"] = param
     return json.dumps({"error": error}).encode()
@@ -95,15 +106,18 @@ def error_response(
     request_id: str | None = None,
     headers: dict[str, str] | None = None,
     param: str | None = None,
+    type_: str | None = None,
 ) -> HttpResponse:
     """``{"error": {"message", "type", "code"}}`` with the given status.
 
     ``code`` defaults to the status's name (:data:`CODES`); ``param`` names the request
-    parameter at fault (OpenAI's field). Every error carries a request id: the caller's,
-    or a new one.
+    parameter at fault (OpenAI's field); ``type_`` overrides the status's type. Every
+    error carries a request id: the caller's, or a new one.
     """
     response = HttpResponse(
-        error_body(status, message, code, param), status=status, content_type="application/json"
+        error_body(status, message, code, param, type_=type_),
+        status=status,
+        content_type="application/json",
     )
     response[REQUEST_ID_HEADER] = request_id or new_request_id()
     for name, value in (headers or {}).items():
@@ -129,6 +143,58 @@ def bare(value: str, limit: int = ECHO_LIMIT) -> str:
 def clip(text: str, limit: int = ECHO_LIMIT) -> str:
     """Free text that may hold a client's value (an exception's message), cut to ``limit``."""
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+# -- access (llamaswap_site/asgi.py) ----------------------------------------------------------
+
+AUTH_REALM = "llamaswap"
+
+
+def invalid_api_key(presented: bool) -> HttpResponse:
+    """401 for a request without a valid API key, as OpenAI answers it (``type``
+    ``invalid_request_error``, ``code`` ``invalid_api_key``), with the ``WWW-Authenticate``
+    challenge llama-swap sends (browsers then ask for a password: the key)."""
+    if presented:
+        message = "invalid API key"
+    else:
+        message = (
+            "an API key is required: send Authorization: Bearer KEY, x-api-key: KEY, "
+            "or Basic auth with the key as password"
+        )
+    return error_response(
+        401,
+        message,
+        code="invalid_api_key",
+        type_="invalid_request_error",
+        headers={"WWW-Authenticate": f'Basic realm="{AUTH_REALM}"'},
+    )
+
+
+def invalid_host(host: str, path: str) -> HttpResponse:
+    """400 for a Host header outside ALLOWED_HOSTS (DNS rebinding): JSON on API paths, a
+    bare HTML page elsewhere (no template: the request is refused before any handler)."""
+    message = f"Host header {echo(host)} is not allowed here; add the name to ALLOWED_HOSTS"
+    if wants_json(path):
+        return error_response(400, message, code="invalid_host")
+    from django.utils.html import escape
+
+    html = (
+        "<!doctype html><title>400 Bad Request</title><h1>400 Bad Request</h1>"
+        f"<p>{escape(message)}</p>\n"
+    )
+    response = HttpResponse(html, status=400, content_type="text/html; charset=utf-8")
+    response[REQUEST_ID_HEADER] = new_request_id()
+    return response
+
+
+def cross_origin_refused(reason: str) -> HttpResponse:
+    """403 for a browser request from another site to an endpoint that changes state."""
+    return error_response(403, f"cross-origin request refused: {reason}", code="cross_origin_refused")
+
+
+def login_required() -> HttpResponse:
+    """403 for the dashboard's JSON API when it needs a Django login and has none."""
+    return error_response(403, "this needs a login: sign in at /admin/login/", code="login_required")
 
 
 # -- which answers are JSON ----------------------------------------------------------------

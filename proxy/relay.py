@@ -33,6 +33,7 @@ from scheduler import runtime
 from scheduler.config import ModelConfig
 from scheduler.core.priority import HEADER, parse_priority
 from scheduler.dispatcher import Outcome, Refused, Ticket
+from scheduler.keys import ApiKey
 from scheduler.process import ModelStartError
 
 log = logging.getLogger("llamaswap.proxy")
@@ -58,15 +59,26 @@ async def relay(
         url = httpx.URL(model.proxy.rstrip("/") + path + (f"?{query}" if query else ""))
     except (httpx.InvalidURL, ValueError) as exc:
         return error_response(400, f"invalid path: {exc}", code="invalid_path", request_id=request_id)
+    scope = getattr(request, "scope", None)
     # A parsed multipart form holds copies of its files: only the raw body is sent on.
     request.__dict__.pop("_post", None)
     request.__dict__.pop("_files", None)
+    header = request.META.get(PRIORITY_META)
+    key: ApiKey | None = scope.get("llamaswap.api_key") if scope is not None else None
+    if key is None:
+        priority, requested, key_name = parse_priority(header), None, ""
+    else:
+        # The key's rule: its default when the header is absent, its ceiling, its offset.
+        priority, requested = key.policy.grant(header)
+        key_name = key.name
     turn = Turn(
         runtime.current().dispatcher,
         model,
-        parse_priority(request.META.get(PRIORITY_META)),
+        priority,
         request_id,
         path,
+        api_key=key_name,
+        requested_priority=requested,
     )
     request.turn = turn  # type: ignore[attr-defined]  # the handler closes it, whatever happens
     ticket = turn.ticket
@@ -78,7 +90,6 @@ async def relay(
         headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
         return error_response(exc.status, str(exc), code=exc.code, request_id=request_id, headers=headers)
 
-    scope = getattr(request, "scope", None)
     headers = forward_headers(scope["headers"]) if scope is not None else []
     try:
         upstream = await _send(turn, request.method or "POST", url, headers, body)

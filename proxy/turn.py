@@ -49,10 +49,21 @@ class Turn:
     )
 
     def __init__(
-        self, dispatcher: Dispatcher, model: ModelConfig, priority: int, request_id: str, path: str
+        self,
+        dispatcher: Dispatcher,
+        model: ModelConfig,
+        priority: int,
+        request_id: str,
+        path: str,
+        *,
+        api_key: str = "",
+        requested_priority: int | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.ticket: Ticket = dispatcher.submit(model, priority, request_id, path, owner=self)
+        # Set before the dispatcher task sees the arrival, so every observer has them.
+        self.ticket.api_key = api_key
+        self.ticket.requested_priority = requested_priority
         self.upstream: httpx.Response | None = None
         """The model's response while it is being relayed; closed by :meth:`close`."""
         self.suspect = False

@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
-from proxy.errors import clip, echo, error_response, method_not_allowed
+from proxy.errors import clip, cross_origin_refused, echo, error_response, method_not_allowed
 from proxy.relay import relay
 from scheduler import runtime
 from scheduler.config import ModelConfig
@@ -220,9 +220,47 @@ async def running(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"running": runtime.current().dispatcher.running_models()})
 
 
+def _netloc_with_port(netloc: str, scheme: str) -> str:
+    netloc = netloc.strip().lower()
+    if ":" not in netloc or netloc.endswith("]"):  # no port: the scheme's default
+        netloc += ":443" if scheme == "https" else ":80"
+    return netloc
+
+
+def cross_origin(request: HttpRequest) -> str | None:
+    """Why a browser request comes from another site, or None.
+
+    ``Sec-Fetch-Site: cross-site`` or ``same-site`` (every current browser sends it, also
+    on a plain ``<img src>`` GET, which sends no Origin), or an ``Origin`` whose host:port
+    is not the request's Host (``null`` included: a sandboxed or file page). Requests
+    without either (curl, SDKs, scripts) are not a browser's and pass.
+    """
+    site = request.headers.get("Sec-Fetch-Site", "").strip().lower()
+    if site in ("cross-site", "same-site"):
+        return f"Sec-Fetch-Site is {site}"
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return None
+    scheme, sep, netloc = origin.strip().partition("://")
+    host = request.headers.get("Host", "")
+    if not sep or not netloc or scheme.lower() not in ("http", "https"):
+        return f"Origin {echo(origin)} is not this server"
+    scheme = scheme.lower()
+    if _netloc_with_port(netloc.rstrip("/"), scheme) != _netloc_with_port(host, scheme):
+        return f"Origin {echo(origin)} is not this server ({echo(host)})"
+    return None
+
+
 @csrf_exempt
 async def unload(request: HttpRequest, model_name: str | None = None) -> HttpResponse:
-    """GET /unload, POST /api/models/unload[/{model}]: returns once the processes are gone."""
+    """GET /unload, POST /api/models/unload[/{model}]: returns once the processes are gone.
+
+    Never from another site's page (keys or not): a browser on the operator's machine
+    reaches localhost, so a page could otherwise stop the models (:func:`cross_origin`).
+    """
+    reason = cross_origin(request)
+    if reason is not None:
+        return cross_origin_refused(reason)
     rt = runtime.current()
     models = None
     if model_name is not None:

@@ -17,8 +17,8 @@ The semantics are llama-swap's (its ``internal/config`` and ``config.example.yam
   does) needs a ``cmd`` that uses it too.
 * Any ``${name}`` left after expansion is an error naming its key.
 
-Keys llamaswap does not implement (``peers``, ``groups``, ``apiKeys``, ...) are ignored,
-with one line each in :attr:`Config.warnings`; so are unknown keys inside the sections read.
+Keys llamaswap does not implement (``peers``, ``groups``, ...) are ignored, with one line
+each in :attr:`Config.warnings`; so are unknown keys inside the sections read.
 
 Extensions of llama-swap's format (it has none of these):
 
@@ -27,6 +27,8 @@ Extensions of llama-swap's format (it has none of these):
 * ``limits``: what a client may send (:class:`RequestLimits`).
 * ``maxQueueDepth`` and ``maxWait`` under ``routing.scheduler.settings.serial`` and
   ``.fifo`` (:class:`QueueBounds`).
+* ``apiKeys`` entries may be mappings ``{name, key, priority: {default, ceiling, offset}}``
+  besides llama-swap's plain strings (:attr:`Config.api_keys`, :mod:`scheduler.keys`).
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ from scheduler.core.policy import (
     SchedulerSettings,
     SettingsError,
 )
-from scheduler.core.priority import BANDS
+from scheduler.core.priority import BANDS, parse_priority_or_none
+from scheduler.keys import ApiKey, KeyPolicy
 
 DEFAULT_HEALTH_CHECK_TIMEOUT = 120
 MIN_HEALTH_CHECK_TIMEOUT = 15
@@ -89,10 +92,10 @@ _TOP_LEVEL_KEYS = frozenset(
         "hooks",
         "routing",
         "limits",
+        "apiKeys",
     }
 )
 _IGNORED_TOP_LEVEL = {
-    "apiKeys": "API keys are not supported; requests are NOT authenticated",
     "peers": "remote peers are not supported",
     "selectors": "selectors are not supported",
     "profiles": "profiles are not supported",
@@ -154,6 +157,10 @@ _LIMIT_KEYS = {  # config key -> RequestLimits field; maxBodyBytes is an int, th
     "bodyTimeout": "body_timeout",
     "bodyIdleTimeout": "body_idle_timeout",
 }
+_API_KEY_FIELDS = frozenset({"name", "key", "priority"})
+_KEY_POLICY_FIELDS = frozenset({"default", "ceiling", "offset"})
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
 _BOUND_KEYS = frozenset({"maxQueueDepth", "maxWait"})
 """Accepted under both ``routing.scheduler.settings.serial`` and ``.fifo``."""
 
@@ -257,6 +264,9 @@ class Config:
     unload_timeout: float = 10
     log_level: str = "info"
     preload: tuple[str, ...] = ()
+    api_keys: Mapping[str, ApiKey] = field(default_factory=lambda: MappingProxyType({}))
+    """``apiKeys``: the key as written (env and macros expanded) -> its name and priority
+    rule. Empty: requests need no key (llama-swap's default)."""
     warnings: tuple[str, ...] = ()
     """One line per ignored, not yet supported key (peers, groups, ...) or adjusted value."""
     source: str = ""
@@ -387,6 +397,7 @@ def parse_config(
         unload_timeout=unload_timeout,
         log_level=log_level,
         preload=_preload(top.get("hooks"), models, aliases, warnings),
+        api_keys=MappingProxyType(_api_keys(top.get("apiKeys"))),
         warnings=tuple(warnings),
         source=source,
     )
@@ -892,6 +903,109 @@ def _queue_bounds(value: Any, use: Policy) -> QueueBounds:
                 waits[band] = _positive(seconds, band_key)
     ordered = {band.value: waits[band] for band in BANDS if band in waits}
     return QueueBounds(max_queue_depth=depth, max_wait=MappingProxyType(ordered))
+
+
+# --------------------------------------------------------------------------- API keys
+
+
+def _api_keys(value: Any) -> dict[str, ApiKey]:
+    """``apiKeys``: a list of keys (llama-swap) or ``{name, key, priority}`` mappings.
+
+    A plain key is named ``key-<position>`` (from 1). Keys must be non-empty and contain no
+    whitespace; keys and names must be unique.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, list):
+        raise ConfigError("apiKeys", f"must be a list of keys, got {_kind(value)}")
+    keys: dict[str, ApiKey] = {}
+    named: dict[str, str] = {}  # name -> where
+    for i, entry in enumerate(value):
+        where = f"apiKeys[{i}]"
+        if isinstance(entry, Mapping):
+            for name in entry:
+                if name not in _API_KEY_FIELDS:
+                    raise ConfigError(
+                        f"{where}.{name}", "unknown field (use name, key and priority)"
+                    )
+            if entry.get("key") is None:
+                raise ConfigError(f"{where}.key", "required: the key clients present")
+            key_path = f"{where}.key"
+            raw_key = entry["key"]
+            name = (
+                f"key-{i + 1}"
+                if entry.get("name") is None
+                else _string(entry["name"], f"{where}.name").strip()
+            )
+            if not name:
+                raise ConfigError(f"{where}.name", "must not be empty")
+            policy = key_policy(entry.get("priority"), f"{where}.priority")
+        elif entry is None or isinstance(entry, str | int | float) and not isinstance(entry, bool):
+            key_path, raw_key, name, policy = where, entry, f"key-{i + 1}", KeyPolicy()
+        else:
+            raise ConfigError(
+                where, f"must be a key or a mapping of name, key and priority, got {_kind(entry)}"
+            )
+        key = check_api_key(_string(raw_key, key_path) if raw_key is not None else "", key_path)
+        if key in keys:
+            raise ConfigError(key_path, f"duplicate key: already the key of {keys[key].name!r}")
+        if name in named:
+            name_path = f"{where}.name" if isinstance(entry, Mapping) else where
+            raise ConfigError(name_path, f"duplicate name {name!r}: already used by {named[name]}")
+        named[name] = where
+        keys[key] = ApiKey(name=name, policy=policy, source="config")
+    return keys
+
+
+def check_api_key(key: str, path: str) -> str:
+    """A key as llama-swap accepts it: non-empty, no whitespace. Raises :class:`ConfigError`."""
+    if not key:
+        raise ConfigError(path, "must not be empty")
+    if any(c.isspace() for c in key):
+        raise ConfigError(path, "must not contain whitespace")
+    return key
+
+
+def key_policy(value: Any, path: str) -> KeyPolicy:
+    """``{default, ceiling, offset}`` (all optional) as a :class:`KeyPolicy`.
+
+    ``default`` and ``ceiling`` are integers or the aliases interactive/normal/batch (what
+    the ``X-LlamaSwap-Priority`` header accepts); ``offset`` is an integer. Also used by
+    the admin's form for issued keys. Raises :class:`ConfigError`.
+    """
+    rule = _mapping(value, path)
+    for name in rule:
+        if name not in _KEY_POLICY_FIELDS:
+            raise ConfigError(f"{path}.{name}", "unknown field (use default, ceiling and offset)")
+    default = _priority_value(rule.get("default"), f"{path}.default")
+    ceiling = _priority_value(rule.get("ceiling"), f"{path}.ceiling")
+    offset = 0
+    if rule.get("offset") is not None:
+        offset = _int(rule["offset"], f"{path}.offset")
+        if not _INT64_MIN <= offset <= _INT64_MAX:
+            raise ConfigError(f"{path}.offset", f"out of the 64-bit range, got {offset}")
+    if default is not None and ceiling is not None and default > ceiling:
+        raise ConfigError(
+            f"{path}.default", f"{default} is above the ceiling {ceiling}: it could never apply"
+        )
+    return KeyPolicy(default=default, ceiling=ceiling, offset=offset)
+
+
+def _priority_value(value: Any, path: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        parsed = value if _INT64_MIN <= value <= _INT64_MAX else None
+    elif isinstance(value, str):
+        parsed = parse_priority_or_none(value)
+    else:
+        parsed = None
+    if parsed is None:
+        raise ConfigError(
+            path,
+            f"must be an integer priority or interactive, normal or batch, got {_kind(value)}",
+        )
+    return parsed
 
 
 def _request_limits(value: Any, warnings: list[str]) -> RequestLimits:

@@ -143,6 +143,10 @@ class Ticket:
     guard: weakref.ref[Any] | None = field(default=None, repr=False)
     """A weak reference to its owner whose callback ends the ticket should the owner be
     collected first (see :meth:`Dispatcher.submit`); dropped (``None``) once it ends."""
+    api_key: str = ""
+    """The name of the API key it came with (never the key); empty without keys."""
+    requested_priority: int | None = None
+    """What the caller asked for, when its key's ceiling cut it to ``priority``."""
     generation: int = 0
     """Which start of its model it was granted to (see :meth:`Dispatcher.resend`)."""
     resent: bool = False

@@ -8,8 +8,10 @@ holder, not a wiring: it lives in this lower layer so that nothing below
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from scheduler.keys import KeyRing
 
 if TYPE_CHECKING:
     from scheduler.config import Config
@@ -22,6 +24,8 @@ class Runtime:
     dispatcher: Dispatcher
     upstreams: Any
     """The proxy's HTTP clients (``proxy.upstream.Upstreams``)."""
+    keys: KeyRing = field(default_factory=KeyRing)
+    """The API keys in force (the config's and the admin-issued ones); none: no auth."""
 
 
 _current: Runtime | None = None

@@ -20,6 +20,7 @@ from proxy.upstream import Upstreams
 from scheduler import runtime
 from scheduler.config import Config
 from scheduler.dispatcher import Dispatcher, Outcome
+from scheduler.keys import KeyRing
 from scheduler.testing import FakeProcessFactory
 
 
@@ -47,6 +48,7 @@ def http_scope(
 class FinishLog:
     def __init__(self) -> None:
         self.finished: dict[str, Outcome | None] = {}
+        self.tickets: dict[str, object] = {}
 
     def on_enqueue(self, ticket): ...
     def on_dispatch(self, ticket): ...
@@ -55,6 +57,7 @@ class FinishLog:
 
     def on_finish(self, ticket):
         self.finished[ticket.request_id] = ticket.outcome
+        self.tickets[ticket.request_id] = ticket
 
 
 class Call:
@@ -120,7 +123,10 @@ class Call:
 
 @contextlib.asynccontextmanager
 async def in_process(
-    config: Config, transport: httpx.AsyncBaseTransport | None = None, **factory_options
+    config: Config,
+    transport: httpx.AsyncBaseTransport | None = None,
+    keys: KeyRing | None = None,
+    **factory_options,
 ) -> AsyncIterator[types.SimpleNamespace]:
     from llamaswap_site.asgi import application
 
@@ -128,7 +134,7 @@ async def in_process(
     recorder = FinishLog()
     dispatcher = Dispatcher(config, process_factory=factory, observers=[recorder])
     upstreams = Upstreams(size=1, transport=transport)
-    runtime.install(runtime.Runtime(config, dispatcher, upstreams))
+    runtime.install(runtime.Runtime(config, dispatcher, upstreams, keys=keys or KeyRing()))
     await dispatcher.start()
     try:
         yield types.SimpleNamespace(

@@ -144,6 +144,19 @@ async def test_cancelled_while_waiting_is_recorded_undispatched(world):
     assert row.metadata() == {"serial_priority": -100, "serial_band": "batch"}
 
 
+async def test_rows_name_the_api_key_and_what_its_ceiling_cut(world):
+    dispatcher, recorder, clock = await world("a")
+    a = dispatcher.config.models["a"]
+    ticket = dispatcher.submit(a, 0, "keyed", "/v1/chat/completions")
+    ticket.api_key, ticket.requested_priority = "batch-farm", 100
+    await granted(ticket)
+    dispatcher.finish(ticket, Outcome.COMPLETED, 200)
+    await until(lambda: recorder.pending == 1)
+    await recorder.flush()
+    [row] = await arows()
+    assert (row.api_key, row.priority, row.requested_priority) == ("batch-farm", 0, 100)
+
+
 async def test_fifo_rows_carry_fifo_priority(world):
     dispatcher, recorder, _ = await world("a", "b", use="fifo", fifo={"a": 10})
     a = dispatcher.config.models["a"]

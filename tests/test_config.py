@@ -25,6 +25,7 @@ from scheduler.config import (
     split_command,
 )
 from scheduler.core.policy import KEY_AGING, KEY_BONUS, KEY_FIFO, KEY_USE, Policy, SchedulerSettings
+from scheduler.keys import ApiKey, KeyPolicy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -541,10 +542,6 @@ def test_error_message_shows_key_and_value() -> None:
         (with_model("", "matrix: {sets: {s: m}}"), "matrix: "),
         (with_model("", "profiles: {p: {pins: {a: m}}}"), "profiles: "),
         (with_model("", "selectors: {s: {targets: [m]}}"), "selectors: "),
-        (
-            with_model("", "apiKeys: [sk-1]"),
-            "apiKeys: API keys are not supported; requests are NOT",
-        ),
         (with_model("", "sendLoadingState: true"), "sendLoadingState: "),
         # A key llama-swap does not know either.
         (with_model("", "frobnicate: 1"), "frobnicate: unknown key"),
@@ -575,6 +572,151 @@ def test_ignored_sections_are_not_expanded() -> None:
     # An env var only a peer uses need not be set: the peers section is ignored whole.
     config = parse(with_model("", "peers: {p: {apiKey: '${env.NOPE_X}'}}"), {})
     assert config.warnings[0].startswith("peers: ")
+
+
+# --------------------------------------------------------------------------- API keys
+
+
+@pytest.mark.parametrize(
+    ("top", "environ", "expected"),
+    [
+        # None, null or an empty list: no keys, requests need none.
+        ("", {}, {}),
+        ("apiKeys:", {}, {}),
+        ("apiKeys: []", {}, {}),
+        # llama-swap's plain strings, named by position.
+        ("apiKeys: [sk-a, sk-b]", {}, {"sk-a": ApiKey("key-1"), "sk-b": ApiKey("key-2")}),
+        # A YAML number is a key too (llama-swap decodes into strings).
+        ("apiKeys: [12345]", {}, {"12345": ApiKey("key-1")}),
+        # Mappings: name, key, priority rule; everything but the key optional.
+        (
+            "apiKeys: [{name: farm, key: sk-f, priority: {default: batch, ceiling: normal}}]",
+            {},
+            {"sk-f": ApiKey("farm", KeyPolicy(default=-100, ceiling=0))},
+        ),
+        (
+            "apiKeys: [{key: sk-f, priority: {default: 5, ceiling: 50, offset: -3}}]",
+            {},
+            {"sk-f": ApiKey("key-1", KeyPolicy(default=5, ceiling=50, offset=-3))},
+        ),
+        (
+            "apiKeys: [{key: sk-f, priority: {ceiling: INTERACTIVE, default: '+7'}}]",
+            {},
+            {"sk-f": ApiKey("key-1", KeyPolicy(default=7, ceiling=100))},
+        ),
+        (
+            "apiKeys: [{key: sk-f, priority: {offset: 2}}]",
+            {},
+            {"sk-f": ApiKey("key-1", KeyPolicy(offset=2))},
+        ),
+        ("apiKeys: [{key: sk-f, priority: }]", {}, {"sk-f": ApiKey("key-1")}),
+        ("apiKeys: [{name: ' pro ', key: sk-p}]", {}, {"sk-p": ApiKey("pro")}),
+        # Plain and mapped entries mixed: positions count across both.
+        (
+            "apiKeys: [sk-a, {name: b, key: sk-b}, sk-c]",
+            {},
+            {"sk-a": ApiKey("key-1"), "sk-b": ApiKey("b"), "sk-c": ApiKey("key-3")},
+        ),
+        # ${env.NAME} and macros expand in keys and names, as elsewhere.
+        ("apiKeys: ['${env.K}']", {"K": "sk-env"}, {"sk-env": ApiKey("key-1")}),
+        ("apiKeys: ['sk-${env.K}-x']", {"K": "mid"}, {"sk-mid-x": ApiKey("key-1")}),
+        ("apiKeys: [{key: '${env.K}'}]", {"K": "42"}, {"42": ApiKey("key-1")}),
+        (
+            "macros: {p: sk-pre}\napiKeys: ['${p}-1', {name: '${p}', key: '${p}-2'}]",
+            {},
+            {"sk-pre-1": ApiKey("key-1"), "sk-pre-2": ApiKey("sk-pre")},
+        ),
+    ],
+)
+def test_api_keys(top: str, environ: dict[str, str], expected: dict[str, ApiKey]) -> None:
+    config = parse(with_model("", top), environ)
+    assert dict(config.api_keys) == expected
+    assert all(k.source == "config" for k in config.api_keys.values())
+    assert config.warnings == ()  # apiKeys is read now, not ignored
+
+
+@pytest.mark.parametrize(
+    ("top", "environ", "key", "fragment"),
+    [
+        ("apiKeys: sk-a", {}, "apiKeys", "must be a list"),
+        ("apiKeys: {a: sk-a}", {}, "apiKeys", "must be a list"),
+        ("apiKeys: ['']", {}, "apiKeys[0]", "must not be empty"),
+        ("apiKeys: [sk-a, null]", {}, "apiKeys[1]", "must not be empty"),
+        ("apiKeys: [sk-a, 'sk b']", {}, "apiKeys[1]", "whitespace"),
+        ('apiKeys: ["sk-a\\t"]', {}, "apiKeys[0]", "whitespace"),
+        ("apiKeys: [' sk-a']", {}, "apiKeys[0]", "whitespace"),
+        ("apiKeys: [true]", {}, "apiKeys[0]", "must be a key or a mapping"),
+        ("apiKeys: [[sk-a]]", {}, "apiKeys[0]", "must be a key or a mapping"),
+        ("apiKeys: [sk-a, sk-a]", {}, "apiKeys[1]", "duplicate key"),
+        ("apiKeys: [sk-a, {name: b, key: sk-a}]", {}, "apiKeys[1].key", "duplicate key"),
+        (
+            "apiKeys: [{name: b, key: sk-a}, {name: b, key: sk-b}]",
+            {},
+            "apiKeys[1].name",
+            "duplicate name",
+        ),
+        ("apiKeys: [sk-a, {name: key-1, key: sk-b}]", {}, "apiKeys[1].name", "duplicate name"),
+        ("apiKeys: [{name: b}]", {}, "apiKeys[0].key", "required"),
+        ("apiKeys: [{name: b, key: ''}]", {}, "apiKeys[0].key", "must not be empty"),
+        ("apiKeys: [{name: b, key: 'a b'}]", {}, "apiKeys[0].key", "whitespace"),
+        ("apiKeys: [{name: b, key: [x]}]", {}, "apiKeys[0].key", "must be a string"),
+        ("apiKeys: [{name: '  ', key: sk-a}]", {}, "apiKeys[0].name", "must not be empty"),
+        ("apiKeys: [{name: [x], key: sk-a}]", {}, "apiKeys[0].name", "must be a string"),
+        ("apiKeys: [{key: sk-a, tier: pro}]", {}, "apiKeys[0].tier", "unknown field"),
+        ("apiKeys: [{key: sk-a, priority: 5}]", {}, "apiKeys[0].priority", "must be a mapping"),
+        (
+            "apiKeys: [{key: sk-a, priority: {max: 5}}]",
+            {},
+            "apiKeys[0].priority.max",
+            "unknown field",
+        ),
+        (
+            "apiKeys: [{key: sk-a, priority: {default: urgent}}]",
+            {},
+            "apiKeys[0].priority.default",
+            "interactive, normal or batch",
+        ),
+        (
+            "apiKeys: [{key: sk-a, priority: {ceiling: 1.5}}]",
+            {},
+            "apiKeys[0].priority.ceiling",
+            "integer priority",
+        ),
+        (
+            "apiKeys: [{key: sk-a, priority: {ceiling: true}}]",
+            {},
+            "apiKeys[0].priority.ceiling",
+            "integer priority",
+        ),
+        (
+            "apiKeys: [{key: sk-a, priority: {default: 99999999999999999999}}]",
+            {},
+            "apiKeys[0].priority.default",
+            "integer priority",
+        ),
+        (
+            "apiKeys: [{key: sk-a, priority: {offset: batch}}]",
+            {},
+            "apiKeys[0].priority.offset",
+            "must be an integer",
+        ),
+        (
+            "apiKeys: [{key: sk-a, priority: {default: interactive, ceiling: normal}}]",
+            {},
+            "apiKeys[0].priority.default",
+            "above the ceiling",
+        ),
+        # Expansion problems name the key's path, as anywhere else.
+        ("apiKeys: ['${env.NOPE}']", {}, "apiKeys[0]", "'NOPE' is not set"),
+        ("apiKeys: [{key: '${env.NOPE}'}]", {}, "apiKeys[0].key", "'NOPE' is not set"),
+        ("apiKeys: ['sk-${nope}']", {}, "apiKeys[0]", "unknown macro"),
+        ("apiKeys: ['${env.K}']", {"K": "a b"}, "apiKeys[0]", "whitespace"),
+    ],
+)
+def test_api_key_errors(top: str, environ: dict[str, str], key: str, fragment: str) -> None:
+    error = error_of(with_model("", top), environ)
+    assert error.key == key, error
+    assert fragment in error.message, error
 
 
 # --------------------------------------------------------------------------- scheduler
@@ -1184,11 +1326,11 @@ def test_realistic_llama_swap_config_loads() -> None:
         "logToStdout",
         "metricsMaxInMemory",
         "sendLoadingState",
-        "apiKeys",
         "peers",
         "routing.router",
     ]
     assert gpt.timeouts == ModelTimeouts(connect=30)
+    assert config.api_keys == {"sk-hunter2": ApiKey("key-1")}
 
 
 # --------------------------------------------------------------------------- config.example.yaml

@@ -317,3 +317,15 @@ async def test_v1_models_gives_a_real_created_time():
     assert model["id"] == "m" and isinstance(model["created"], int)
     # the server's start: after 2020, not in the future
     assert 1_577_836_800 < model["created"] <= time.time()
+
+
+def test_history_filters_by_api_key_and_the_request_page_names_it(client):
+    _record("capped-1", arrived=1, dispatched=2, priority=0, api_key="batch-farm", requested_priority=100)
+    _record("plain-1", arrived=3, dispatched=4)
+    by_key = client.get("/history/?api_key=batch-farm").content.decode()
+    assert "1 request" in by_key and "capped-1" in by_key and "plain-1" not in by_key
+    page = client.get("/requests/capped-1/").content.decode()
+    assert "batch-farm" in page
+    assert "asked for 100" in page  # the key's ceiling cut it to 0
+    plain = client.get("/requests/plain-1/").content.decode()
+    assert "API key" not in plain and "asked for" not in plain

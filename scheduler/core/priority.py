@@ -41,24 +41,31 @@ def parse_priority(value: str | bytes | None) -> int:
     value longer than 32 characters after trimming, or outside the signed 64-bit
     range, is unparseable. Never raises and never clamps: the caller is trusted.
     """
+    parsed = parse_priority_or_none(value)
+    return 0 if parsed is None else parsed
+
+
+def parse_priority_or_none(value: str | bytes | None) -> int | None:
+    """Like :func:`parse_priority`, but None when the header is absent or unparseable
+    (an API key's default priority applies then)."""
     if value is None:
-        return 0
+        return None
     if isinstance(value, bytes):
         try:
             value = value.decode("ascii")
         except UnicodeDecodeError:
-            return 0
+            return None
     text = value.strip()
     if not text or len(text) > _MAX_LEN:
-        return 0
+        return None
     alias = ALIASES.get(text.lower())
     if alias is not None:
         return alias
     if not _DECIMAL.fullmatch(text):
-        return 0
+        return None
     number = int(text)
     if number < _INT64_MIN or number > _INT64_MAX:
-        return 0
+        return None
     return number
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import os
 import signal
 import sys
 
@@ -52,21 +53,38 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def exposure_warning(host: str, port: int) -> str | None:
-    """The start-up warning for a listener beyond loopback (llamaswap has no API keys yet)."""
-    if is_loopback(host):
+def exposure_warning(host: str, port: int, keys: bool = False) -> str | None:
+    """The start-up warning for a listener beyond loopback without API keys."""
+    if is_loopback(host) or keys:
         return None
     where = "every interface" if host in (ALL_INTERFACES, "::") else host
     return (
         f"listening on {url_host(host)}:{port} ({where}) without API keys: anyone who can "
-        "reach this port can use the models and unload them (the config's apiKeys is not "
-        "supported yet). Listen on 127.0.0.1:PORT, or put a firewall or an authenticating "
-        "reverse proxy in front."
+        "reach this port can use the models and unload them. Set apiKeys in the config (or "
+        "issue keys in the admin), listen on 127.0.0.1:PORT, or put a firewall in front."
     )
 
 
 def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
+
+
+def allowed_hosts_for(host: str) -> list[str]:
+    """The Host headers to accept when ALLOWED_HOSTS is not given: the names of the
+    listen address (loopback: localhost, 127.0.0.1, [::1]); every interface: any
+    (``*``), since the names it is reached by cannot be known."""
+    if host in (ALL_INTERFACES, "::"):
+        return ["*"]
+    names = list(settings.LOOPBACK_HOSTS) if is_loopback(host) else []
+    name = url_host(host).lower()
+    return names if name in names else [*names, name]
+
+
+ANY_HOST_WARNING = (
+    "listening on every interface without ALLOWED_HOSTS: any Host header is accepted, so "
+    "nothing stops DNS rebinding (a web page reaching this port through its own name). "
+    "Set ALLOWED_HOSTS=name1,name2 to the names clients use."
+)
 
 
 class Command(BaseCommand):
@@ -95,6 +113,7 @@ class Command(BaseCommand):
         from scheduler import runtime
         from scheduler.config import ConfigError, load_config
         from scheduler.dispatcher import Dispatcher
+        from scheduler.keys import KeyRing
         from scheduler.process import prepare_server
 
         path = options["config"] or settings.LLAMASWAP_CONFIG
@@ -109,13 +128,20 @@ class Command(BaseCommand):
         for warning in config.warnings:
             self.stderr.write(f"warning: {warning}")
         host, port = parse_listen(options["listen"])
-        exposed = exposure_warning(host, port)
+        # The Host names to accept, before the app is built (the websocket route reads them).
+        if not os.getenv("ALLOWED_HOSTS", "").strip():
+            settings.ALLOWED_HOSTS = allowed_hosts_for(host)
+            if settings.ALLOWED_HOSTS == ["*"]:
+                self.stderr.write(f"warning: {ANY_HOST_WARNING}")
+                log.warning(ANY_HOST_WARNING)
+        exposed = exposure_warning(host, port, keys=bool(config.api_keys))
         if exposed:
             self.stderr.write(f"warning: {exposed}")
             log.warning(exposed)
 
         # Admin edits of the scheduler settings survive a restart unless the config
         # file's value for that key changed since the last start (dashboard.settings_store).
+        from dashboard.keys import reload_at_start as reload_issued_keys
         from dashboard.settings_store import apply_at_start_or_config
 
         stored = apply_at_start_or_config(config.scheduler)
@@ -127,7 +153,15 @@ class Command(BaseCommand):
         dispatcher = Dispatcher(config, observers=observers)
         dispatcher.settings_source = stored.source
         upstreams = Upstreams()
-        runtime.install(runtime.Runtime(config=config, dispatcher=dispatcher, upstreams=upstreams))
+        runtime.install(
+            runtime.Runtime(
+                config=config,
+                dispatcher=dispatcher,
+                upstreams=upstreams,
+                keys=KeyRing(config.api_keys),
+            )
+        )
+        reload_issued_keys()  # the admin-issued API keys (dashboard.keys); no table: logged
         from dashboard.management.commands.ensure_admin import account_hint
 
         admin_hint = account_hint()  # here: the ORM refuses to run inside the event loop
