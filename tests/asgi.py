@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import types
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -144,3 +145,35 @@ async def in_process(
         await dispatcher.stop(grace=0)
         await upstreams.aclose()
         runtime.install(None)
+
+
+class Body(httpx.AsyncByteStream):
+    """A response body streamed as one piece, as a model server's would be (an
+    ``httpx.Response(content=...)`` is already read, and ``aiter_raw`` refuses it)."""
+
+    def __init__(self, data: bytes = b"{}") -> None:
+        self.data = data
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.data
+
+
+class Gate(httpx.AsyncBaseTransport):
+    """A model that answers 200 JSON once the test opens the gate (``open.set()``); keeps
+    the first message's content of every request it receives, in order."""
+
+    def __init__(self, opened: bool = False) -> None:
+        self.open = asyncio.Event()
+        if opened:
+            self.open.set()
+        self.entered = asyncio.Event()
+        self.served: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            self.served.append(json.loads(request.content)["messages"][0]["content"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            self.served.append("")
+        self.entered.set()
+        await self.open.wait()
+        return httpx.Response(200, headers={"content-type": "application/json"}, stream=Body())

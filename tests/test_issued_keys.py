@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 
-import httpx
 import pytest
 from asgiref.sync import sync_to_async
 from django.urls import reverse
@@ -16,7 +15,7 @@ from dashboard.models import IssuedKey
 from scheduler import runtime
 from scheduler.config import Config, parse_config
 from scheduler.keys import ApiKey, KeyPolicy, KeyRing, digest
-from tests.asgi import Call, in_process
+from tests.asgi import Call, Gate, in_process
 
 pytestmark = pytest.mark.django_db
 
@@ -271,22 +270,12 @@ def test_reload_at_start_goes_on_without_the_table(running, monkeypatch, caplog)
 # -- end to end: the admin and the proxy in one process -----------------------------------
 
 
-class _Model(httpx.AsyncBaseTransport):
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, headers={"content-type": "application/json"}, stream=_Body())
-
-
-class _Body(httpx.AsyncByteStream):
-    async def __aiter__(self):
-        yield b"{}"
-
-
 @pytest.mark.django_db(transaction=True)
 async def test_a_key_revoked_in_the_admin_stops_working_on_the_very_next_request(client, django_user_model):
     config = parse_config({"models": {"m": {"cmd": "fake", "proxy": "http://model.invalid:9000"}}})
     body = b'{"model": "m", "messages": []}'
     ring = KeyRing({"sk-config": ApiKey("from-config")})
-    async with in_process(config, transport=_Model(), keys=ring) as world:
+    async with in_process(config, transport=Gate(opened=True), keys=ring) as world:
         await sync_to_async(django_user_model.objects.create_superuser)("bob", "b@example.com", "pw-bob-123")
         await sync_to_async(client.login)(username="bob", password="pw-bob-123")
         key, _ = await sync_to_async(_add)(client, "farm")

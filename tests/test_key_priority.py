@@ -6,35 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
 
 from scheduler.config import parse_config
 from scheduler.keys import ApiKey, KeyPolicy, KeyRing
-from tests.asgi import Call, in_process
+from tests.asgi import Call, Gate, in_process
 
 pytestmark = pytest.mark.timeout(20)
-
-
-class Gate(httpx.AsyncBaseTransport):
-    """The model: the first request waits for the gate; every request's tag is kept."""
-
-    def __init__(self) -> None:
-        self.open = asyncio.Event()
-        self.entered = asyncio.Event()
-        self.served: list[str] = []
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        tag = json.loads(request.content)["messages"][0]["content"]
-        self.served.append(tag)
-        self.entered.set()
-        await self.open.wait()
-        return httpx.Response(200, headers={"content-type": "application/json"}, stream=_Body())
-
-
-class _Body(httpx.AsyncByteStream):
-    async def __aiter__(self):
-        yield b"{}"
 
 
 def chat(tag: str) -> bytes:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from scheduler.config import parse_config
-from tests.asgi import Call, in_process
+from tests.asgi import Body, Call, in_process
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -25,16 +25,8 @@ class Echo(httpx.AsyncBaseTransport):
         body = await request.aread()
         self.sizes.append(len(body))
         return httpx.Response(
-            200, headers={"content-type": "application/json"}, stream=_Once(b'{"ok": true}')
+            200, headers={"content-type": "application/json"}, stream=Body(b'{"ok": true}')
         )
-
-
-class _Once(httpx.AsyncByteStream):
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    async def __aiter__(self):
-        yield self.data
 
 
 def config(**limits):

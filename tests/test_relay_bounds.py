@@ -6,32 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
 
 from scheduler.config import parse_config
 from scheduler.dispatcher import Outcome
-from tests.asgi import Call, in_process
+from tests.asgi import Call, Gate, in_process
 
 pytestmark = pytest.mark.timeout(20)
-
-
-class Gate(httpx.AsyncBaseTransport):
-    """A model that answers only when the test opens the gate."""
-
-    def __init__(self) -> None:
-        self.open = asyncio.Event()
-        self.entered = asyncio.Event()
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.entered.set()
-        await self.open.wait()
-        return httpx.Response(200, headers={"content-type": "application/json"}, stream=_Body())
-
-
-class _Body(httpx.AsyncByteStream):
-    async def __aiter__(self):
-        yield b"{}"
 
 
 def config(**serial):
