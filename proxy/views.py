@@ -22,7 +22,8 @@ from django.views.decorators.csrf import csrf_exempt
 from proxy.errors import clip, cross_origin_refused, echo, error_response, method_not_allowed
 from proxy.relay import relay
 from scheduler import runtime
-from scheduler.config import ModelConfig
+from scheduler.config import Capabilities, ModelConfig
+from scheduler.process import ModelState
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -162,11 +163,25 @@ def _rewrite(data: dict[str, Any], body: bytes, model: ModelConfig) -> bytes:
 async def upstream_passthrough(request: HttpRequest, model_name: str, path: str = "") -> HttpResponse:
     """ANY /upstream/{model}/{path}: the model from the path, everything else as sent."""
     request_id = _new_request_id()
-    model = runtime.current().config.resolve(model_name)
+    rt = runtime.current()
+    model = rt.config.resolve(model_name)
     if model is None:
         return error_response(
             404, f"model {echo(model_name)} not found", code="model_not_found", request_id=request_id
         )
+    # upstream.ignorePaths (llama-swap's rule): a matching path (decoded, after the model)
+    # never loads the model. Unless it is loaded and ready it is refused here, before any
+    # turn is taken.
+    rest = "/" + path
+    if any(pattern.search(rest) for pattern in rt.config.upstream_ignore_paths):
+        loaded, state = rt.dispatcher.model_state()
+        if loaded != model.id or state is not ModelState.READY:
+            return error_response(
+                409,
+                f"model {model.id} is not loaded; path matches upstream.ignorePaths",
+                code="model_not_loaded",
+                request_id=request_id,
+            )
     return await relay(request, model, request_id, _raw_rest(request, path), request.body)
 
 
@@ -192,27 +207,105 @@ serves): the config file was loaded then, and /v1/models gives it as each model'
 
 
 async def list_models(request: HttpRequest) -> HttpResponse:
-    """GET /v1/models: OpenAI's list; ``unlisted`` models are hidden. ``created`` is the
-    server's start (when the config file was loaded), in Unix seconds."""
-    config = runtime.current().config
+    """GET /v1/models: OpenAI's list, with llama-swap's additions, sorted by id.
+
+    ``unlisted`` models are hidden. ``created`` is the server's start (when the config file
+    was loaded), in Unix seconds. As llama-swap: ``status.value`` is loaded or unloaded;
+    ``capabilities`` add ``architecture``, ``capabilities``, ``supported_parameters`` and
+    ``context_length`` (and ``meta.n_ctx``); ``meta.llamaswap`` is the model's
+    ``metadata`` plus ``type`` (model or alias) and ``aliases`` / ``modelID``; with
+    ``includeAliasesInList`` each alias is a record of its own.
+    """
+    rt = runtime.current()
+    config = rt.config
+    loaded, state = rt.dispatcher.model_state()
     data = []
-    for model in sorted(config.models.values(), key=lambda m: m.id):
+    for model in config.models.values():
         if model.unlisted:
             continue
-        entry: dict[str, Any] = {
-            "id": model.id,
-            "object": "model",
-            "created": STARTED_AT,
-            "owned_by": "llamaswap",
-        }
-        if model.name:
-            entry["name"] = model.name
-        if model.description:
-            entry["description"] = model.description
-        if model.metadata:
-            entry["meta"] = {"llamaswap": dict(model.metadata)}
-        data.append(entry)
+        status = "loaded" if model.id == loaded and state is not ModelState.STOPPED else "unloaded"
+        internal: dict[str, Any] = {"type": "model"}
+        if model.aliases:
+            internal["aliases"] = list(model.aliases)
+        data.append(_model_record(model.id, model, status, internal))
+        if config.include_aliases_in_list:
+            for alias in model.aliases:
+                if alias.strip():
+                    data.append(
+                        _model_record(
+                            alias.strip(), model, status, {"type": "alias", "modelID": model.id}
+                        )
+                    )
+    data.sort(key=lambda record: record["id"])
     return JsonResponse({"object": "list", "data": data})
+
+
+_CAPPED_METADATA = frozenset({"architecture", "capabilities", "supported_parameters", "context_length"})
+"""Record fields the capabilities own: metadata keys of these names are dropped when the
+model has capabilities (llama-swap's rule)."""
+
+
+def _model_record(
+    record_id: str, model: ModelConfig, status: str, internal: dict[str, Any]
+) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "id": record_id,
+        "object": "model",
+        "created": STARTED_AT,
+        "owned_by": "llamaswap",
+    }
+    if model.name.strip():
+        record["name"] = model.name.strip()
+    if model.description.strip():
+        record["description"] = model.description.strip()
+    caps = model.capabilities
+    record.update(_render_capabilities(caps))
+    metadata: dict[str, Any] = dict(model.metadata)
+    if not caps.empty:
+        metadata = {k: v for k, v in metadata.items() if k not in _CAPPED_METADATA}
+    meta: dict[str, Any] = {"llamaswap": {**metadata, **internal}}
+    if caps.context > 0:
+        meta["n_ctx"] = caps.context
+    record["meta"] = meta
+    record["status"] = {"value": status}
+    return record
+
+
+def _render_capabilities(caps: Capabilities) -> dict[str, Any]:
+    """The fields llama-swap derives from ``capabilities`` (none when it is empty)."""
+    fields: dict[str, Any] = {}
+    has_in, has_out = bool(caps.inputs), bool(caps.outputs)
+    architecture: dict[str, Any] = {}
+    if has_in:
+        architecture["input_modalities"] = list(caps.inputs)
+    if has_out:
+        architecture["output_modalities"] = list(caps.outputs)
+    if has_in and has_out:
+        architecture["modality"] = "+".join(caps.inputs) + "->" + "+".join(caps.outputs)
+    if architecture:
+        fields["architecture"] = architecture
+    flags: dict[str, bool] = {}
+    if "image" in caps.inputs:
+        flags["vision"] = True
+    if has_in and has_out:
+        if "audio" in caps.inputs and "text" in caps.outputs:
+            flags["audio_transcriptions"] = True
+        if "text" in caps.inputs and "audio" in caps.outputs:
+            flags["audio_speech"] = True
+        if "text" in caps.inputs and "image" in caps.outputs:
+            flags["image_generation"] = True
+        if "image" in caps.inputs and "image" in caps.outputs:
+            flags["image_to_image"] = True
+    if caps.tools:
+        flags["function_calling"] = True
+        fields["supported_parameters"] = ["tools", "tool_choice"]
+    if caps.reranker:
+        flags["reranker"] = True
+    if flags:
+        fields["capabilities"] = flags
+    if caps.context > 0:
+        fields["context_length"] = caps.context
+    return fields
 
 
 async def running(request: HttpRequest) -> HttpResponse:

@@ -93,6 +93,10 @@ _TOP_LEVEL_KEYS = frozenset(
         "routing",
         "limits",
         "apiKeys",
+        "includeAliasesInList",
+        "upstream",
+        "logToStdout",
+        "logTimeFormat",
     }
 )
 _IGNORED_TOP_LEVEL = {
@@ -102,16 +106,12 @@ _IGNORED_TOP_LEVEL = {
     "groups": "groups are not supported; one model runs at a time",
     "matrix": "the matrix router is not supported; one model runs at a time",
     "logRequests": "not supported",
-    "logTimeFormat": "not supported",
-    "logToStdout": "not supported",
     "metricsMaxInMemory": "not supported",
     "captureBuffer": "request captures are not supported",
     "store": "not supported",
     "ui": "not supported",
     "performance": "not supported",
     "sendLoadingState": "not supported",
-    "includeAliasesInList": "not supported",
-    "upstream": "not supported",
 }
 _MODEL_KEYS = frozenset(
     {
@@ -132,14 +132,40 @@ _MODEL_KEYS = frozenset(
         "filters",
         "macros",
         "timeouts",
+        "capabilities",
     }
 )
 _IGNORED_MODEL_KEYS = {
     "sendLoadingState": "not supported",
     "compat": "not supported",
-    "capabilities": "not supported",
     "healthCheckTimeout": "per-model value is not supported; the global one applies",
 }
+_CAPABILITY_KEYS = frozenset({"in", "out", "tools", "reranker", "context"})
+MODALITIES = ("text", "audio", "image")
+"""What ``capabilities.in`` and ``.out`` accept (llama-swap's list)."""
+LOG_TO_STDOUT = ("proxy", "upstream", "both", "none")
+"""``logToStdout``: whose log lines go to stdout (llama-swap's values; default proxy)."""
+LOG_TIME_FORMATS = (
+    "ansic",
+    "unixdate",
+    "rubydate",
+    "rfc822",
+    "rfc822z",
+    "rfc850",
+    "rfc1123",
+    "rfc1123z",
+    "rfc3339",
+    "rfc3339nano",
+    "kitchen",
+    "stamp",
+    "stampmilli",
+    "stampmicro",
+    "stampnano",
+)
+"""``logTimeFormat``: the Go time-layout names llama-swap accepts (case-insensitive);
+:mod:`llamaswap_site.logfmt` renders each."""
+DEFAULT_UPSTREAM_IGNORE_PATHS = r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$"
+"""llama-swap's ``upstream.ignorePaths`` when the list is empty or absent."""
 _FILTER_KEYS = frozenset({"stripParams", "strip_params", "setParams"})
 _SCHEDULER_KEYS = frozenset({"use", "settings"})
 _TIMEOUT_KEYS = {  # config key -> ModelTimeouts field
@@ -220,6 +246,25 @@ class QueueBounds:
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """``models.<id>.capabilities``: what ``/v1/models`` publishes about the model."""
+
+    inputs: tuple[str, ...] = ()
+    """``in``: modalities the model reads (text, audio, image)."""
+    outputs: tuple[str, ...] = ()
+    """``out``: modalities it writes."""
+    tools: bool = False
+    reranker: bool = False
+    context: int = 0
+    """Context length in tokens; 0: not said."""
+
+    @property
+    def empty(self) -> bool:
+        """All zero values: treated as not configured (llama-swap's rule)."""
+        return self == Capabilities()
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """One entry of ``models:`` with every macro expanded except ``${PID}`` in ``cmd_stop``."""
 
@@ -248,6 +293,7 @@ class ModelConfig:
     strip_params: tuple[str, ...] = ()
     set_params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     timeouts: ModelTimeouts = field(default_factory=ModelTimeouts)
+    capabilities: Capabilities = field(default_factory=Capabilities)
 
 
 @dataclass(frozen=True)
@@ -263,6 +309,18 @@ class Config:
     global_ttl: int = 0
     unload_timeout: float = 10
     log_level: str = "info"
+    log_to_stdout: str = "proxy"
+    """``logToStdout``: proxy, upstream, both or none (see :data:`LOG_TO_STDOUT`)."""
+    log_time_format: str = ""
+    """``logTimeFormat``: one of :data:`LOG_TIME_FORMATS`, or "" for the default timestamp."""
+    include_aliases_in_list: bool = False
+    """``includeAliasesInList``: ``/v1/models`` lists each alias as its own record."""
+    upstream_ignore_paths: tuple[re.Pattern[str], ...] = (
+        re.compile(DEFAULT_UPSTREAM_IGNORE_PATHS),
+    )
+    """``upstream.ignorePaths``: a ``/upstream/<model>/<path>`` whose path matches one
+    (searched, unanchored, as Go's ``MatchString``) never loads the model: 409 unless it
+    is already loaded."""
     preload: tuple[str, ...] = ()
     api_keys: Mapping[str, ApiKey] = field(default_factory=lambda: MappingProxyType({}))
     """``apiKeys``: the key as written (env and macros expanded) -> its name and priority
@@ -366,6 +424,17 @@ def parse_config(
         )
         log_level = "info"
 
+    log_to_stdout = _string(_default(top.get("logToStdout"), "proxy"), "logToStdout")
+    if log_to_stdout not in LOG_TO_STDOUT:
+        raise ConfigError(
+            "logToStdout", f"must be one of {', '.join(LOG_TO_STDOUT)}, got {log_to_stdout!r}"
+        )
+    log_time_format = _log_time_format(top.get("logTimeFormat"), warnings)
+    include_aliases = _bool(
+        _default(top.get("includeAliasesInList"), False), "includeAliasesInList"
+    )
+    ignore_paths = _upstream_ignore_paths(top.get("upstream"), warnings)
+
     # Phase 3: each model with its own macro scope, then ${PORT} in sorted id order.
     prepared = _prepare_models(raw.get("models"), macros, warnings)
     _assign_ports(prepared, start_port)
@@ -396,6 +465,10 @@ def parse_config(
         global_ttl=global_ttl,
         unload_timeout=unload_timeout,
         log_level=log_level,
+        log_to_stdout=log_to_stdout,
+        log_time_format=log_time_format,
+        include_aliases_in_list=include_aliases,
+        upstream_ignore_paths=ignore_paths,
         preload=_preload(top.get("hooks"), models, aliases, warnings),
         api_keys=MappingProxyType(_api_keys(top.get("apiKeys"))),
         warnings=tuple(warnings),
@@ -720,6 +793,30 @@ def _build_model(
         strip_params=strip_params,
         set_params=MappingProxyType(set_params),
         timeouts=_model_timeouts(model.get("timeouts"), f"{key}.timeouts", warnings),
+        capabilities=_capabilities(model.get("capabilities"), f"{key}.capabilities", warnings),
+    )
+
+
+def _capabilities(value: Any, key: str, warnings: list[str]) -> Capabilities:
+    """``capabilities``: ``in``/``out`` modality lists, ``tools``, ``reranker``, ``context``."""
+    caps = _mapping(value, key)
+    _warn_unknown(caps, key, set(_CAPABILITY_KEYS), warnings)
+    modalities: dict[str, tuple[str, ...]] = {}
+    for name in ("in", "out"):
+        listed = _string_list(caps.get(name), f"{key}.{name}")
+        for i, modality in enumerate(listed):
+            if modality not in MODALITIES:
+                raise ConfigError(
+                    f"{key}.{name}[{i}]",
+                    f"invalid modality {modality!r}, must be one of: {', '.join(MODALITIES)}",
+                )
+        modalities[name] = tuple(listed)
+    return Capabilities(
+        inputs=modalities["in"],
+        outputs=modalities["out"],
+        tools=_bool(_default(caps.get("tools"), False), f"{key}.tools"),
+        reranker=_bool(_default(caps.get("reranker"), False), f"{key}.reranker"),
+        context=_int(_default(caps.get("context"), 0), f"{key}.context", 0),
     )
 
 
@@ -1006,6 +1103,43 @@ def _priority_value(value: Any, path: str) -> int | None:
             f"must be an integer priority or interactive, normal or batch, got {_kind(value)}",
         )
     return parsed
+
+
+def _log_time_format(value: Any, warnings: list[str]) -> str:
+    """``logTimeFormat``: a Go layout name, lowercased; "" (unset) keeps the default stamp.
+
+    llama-swap prints no timestamp for a name it does not know; we warn and keep ours.
+    """
+    name = _string(_default(value, ""), "logTimeFormat").strip().lower()
+    if name and name not in LOG_TIME_FORMATS:
+        warnings.append(
+            f"logTimeFormat: unknown format {name!r} (use one of {', '.join(LOG_TIME_FORMATS)}); "
+            "using the default timestamp"
+        )
+        return ""
+    return name
+
+
+def _upstream_ignore_paths(value: Any, warnings: list[str]) -> tuple[re.Pattern[str], ...]:
+    """``upstream.ignorePaths``: regular expressions; empty or absent: llama-swap's default.
+
+    llama-swap compiles them as Go RE2; they are compiled with Python's ``re`` here, whose
+    syntax is the same for everyday patterns (RE2-only forms such as ``\\z`` are an error).
+    """
+    upstream = _mapping(value, "upstream")
+    _warn_unknown(upstream, "upstream", {"ignorePaths"}, warnings)
+    patterns = _string_list(upstream.get("ignorePaths"), "upstream.ignorePaths")
+    if not patterns:
+        return (re.compile(DEFAULT_UPSTREAM_IGNORE_PATHS),)
+    compiled: list[re.Pattern[str]] = []
+    for i, pattern in enumerate(patterns):
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as exc:
+            raise ConfigError(
+                f"upstream.ignorePaths[{i}]", f"invalid regular expression {pattern!r}: {exc}"
+            ) from None
+    return tuple(compiled)
 
 
 def _request_limits(value: Any, warnings: list[str]) -> RequestLimits:

@@ -161,11 +161,16 @@ class LogBuffer:
         self._lines: collections.deque[tuple[str, bytes]] = collections.deque()
         self._size = 0
         self._subscribers: set[LogSubscription] = set()
+        self.echo: Callable[[str, bytes], None] | None = None
+        """Also called with every line (``logToStdout: upstream`` or ``both`` writes them
+        to stdout: :func:`llamaswap_site.logfmt.apply_log_config`)."""
 
     def write(self, model: str, line: bytes) -> None:
         """Append one line of ``model``'s output; a missing final newline is added."""
         if not line.endswith(b"\n"):
             line += b"\n"
+        if self.echo is not None:
+            self.echo(model, line)
         self._lines.append((model, line))
         self._size += len(line) + len(model) + 3
         while self._size > self.max_bytes and self._lines:

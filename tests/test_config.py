@@ -14,6 +14,8 @@ from django.core.management.base import SystemCheckError
 
 from scheduler import checks
 from scheduler.config import (
+    DEFAULT_UPSTREAM_IGNORE_PATHS,
+    Capabilities,
     Config,
     ConfigError,
     ModelConfig,
@@ -546,7 +548,9 @@ def test_error_message_shows_key_and_value() -> None:
         # A key llama-swap does not know either.
         (with_model("", "frobnicate: 1"), "frobnicate: unknown key"),
         # Per model: known to llama-swap but not implemented, or unknown.
-        (with_model("capabilities: {tools: true}"), "models.m.capabilities: "),
+        (with_model("capabilities: {tools: true, video: 1}"), "models.m.capabilities.video: "),
+        (with_model("", "upstream: {ignorePaths: [x], extra: 1}"), "upstream.extra: unknown key"),
+        (with_model("", "logTimeFormat: iso"), "logTimeFormat: unknown format 'iso'"),
         (with_model("frobnicate: 1"), "models.m.frobnicate: unknown model key"),
         (with_model("filters: {setParamsByID: {x: {a: 1}}}"), "models.m.filters.setParamsByID: "),
         # Routing sections other than the scheduler.
@@ -1323,7 +1327,6 @@ def test_realistic_llama_swap_config_loads() -> None:
     assert config.scheduler.use is Policy.FIFO
     assert config.scheduler.fifo_priority == {"gpt-oss-120b": 10, "docker-llama": 5}
     assert [w.split(":")[0] for w in config.warnings] == [
-        "logToStdout",
         "metricsMaxInMemory",
         "sendLoadingState",
         "peers",
@@ -1427,3 +1430,75 @@ def test_manage_py_check_reports_warnings(settings: Any, tmp_path: Path) -> None
     output = out.getvalue() + err.getvalue()
     assert output.count("llamaswap.W001") == 2
     assert "peers" in output
+
+
+# --------------------------------------------------------------------------- smaller llama-swap keys
+
+
+def test_smaller_keys_default_as_llama_swap() -> None:
+    config = parse(with_model(""))
+    assert config.include_aliases_in_list is False
+    assert config.log_to_stdout == "proxy"
+    assert config.log_time_format == ""
+    assert [p.pattern for p in config.upstream_ignore_paths] == [DEFAULT_UPSTREAM_IGNORE_PATHS]
+    assert config.models["m"].capabilities == Capabilities()
+    assert config.models["m"].capabilities.empty
+    assert config.warnings == ()
+
+
+def test_smaller_keys_are_read() -> None:
+    config = parse(
+        with_model(
+            "capabilities: {in: [text, image], out: [text], tools: true, context: 32768}",
+            "includeAliasesInList: true\nlogToStdout: both\nlogTimeFormat: RFC3339\n"
+            "upstream: {ignorePaths: ['^/static/', '\\.map$']}",
+        )
+    )
+    assert config.include_aliases_in_list is True
+    assert config.log_to_stdout == "both"
+    assert config.log_time_format == "rfc3339"  # case-insensitive, as llama-swap
+    assert [p.pattern for p in config.upstream_ignore_paths] == ["^/static/", "\\.map$"]
+    assert config.models["m"].capabilities == Capabilities(
+        inputs=("text", "image"), outputs=("text",), tools=True, context=32768
+    )
+    assert config.warnings == ()
+
+
+def test_empty_ignore_paths_take_the_default() -> None:
+    config = parse(with_model("", "upstream: {ignorePaths: []}"))
+    assert [p.pattern for p in config.upstream_ignore_paths] == [DEFAULT_UPSTREAM_IGNORE_PATHS]
+
+
+def test_capabilities_and_metadata_take_macros() -> None:
+    m = model(
+        with_model(
+            "macros: {ctx: 8192}\ncapabilities: {context: '${ctx}'}\n"
+            "metadata: {ctx: '${ctx}', tags: [a, '${MODEL_ID}'], nested: {enabled: true}}"
+        )
+    )
+    assert m.capabilities.context == 8192  # the macro's type is kept
+    assert m.metadata == {"ctx": 8192, "tags": ["a", "m"], "nested": {"enabled": True}}
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        (with_model("", "logToStdout: stderr"), "logToStdout"),
+        (with_model("", "logToStdout: ''"), "logToStdout"),
+        (with_model("", "logTimeFormat: [rfc3339]"), "logTimeFormat"),
+        (with_model("", "includeAliasesInList: yes-please"), "includeAliasesInList"),
+        (with_model("", "upstream: [x]"), "upstream"),
+        (with_model("", "upstream: {ignorePaths: '.*'}"), "upstream.ignorePaths"),
+        (with_model("", "upstream: {ignorePaths: ['ok', '(unclosed']}"), "upstream.ignorePaths[1]"),
+        (with_model("capabilities: [text]"), "models.m.capabilities"),
+        (with_model("capabilities: {in: [text, video]}"), "models.m.capabilities.in[1]"),
+        (with_model("capabilities: {out: text}"), "models.m.capabilities.out"),
+        (with_model("capabilities: {tools: 1}"), "models.m.capabilities.tools"),
+        (with_model("capabilities: {reranker: 'no'}"), "models.m.capabilities.reranker"),
+        (with_model("capabilities: {context: -1}"), "models.m.capabilities.context"),
+        (with_model("capabilities: {context: 4k}"), "models.m.capabilities.context"),
+        (with_model("metadata: [a, b]"), "models.m.metadata"),
+    ],
+)
+def test_smaller_key_errors_name_the_key(text: str, key: str) -> None:
+    assert error_of(text).key == key

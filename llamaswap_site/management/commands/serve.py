@@ -109,6 +109,7 @@ class Command(BaseCommand):
 
         http_server.install()  # protocol-level refusals (Twisted, daphne) as JSON errors
 
+        from llamaswap_site.logfmt import apply_log_config
         from proxy.upstream import Upstreams
         from scheduler import runtime
         from scheduler.config import ConfigError, load_config
@@ -151,6 +152,7 @@ class Command(BaseCommand):
 
         observers = build_observers(config)
         dispatcher = Dispatcher(config, observers=observers)
+        apply_log_config(config, dispatcher.logs)  # logToStdout, logTimeFormat
         dispatcher.settings_source = stored.source
         upstreams = Upstreams()
         runtime.install(
