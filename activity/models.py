@@ -12,17 +12,12 @@ from __future__ import annotations
 
 from django.db import models
 
+from scheduler.dispatcher import Outcome
 
-class RecordOutcome(models.TextChoices):
-    """How the request's turn ended (mirrors ``scheduler.dispatcher.Outcome``)."""
-
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED_WAITING = "cancelled_waiting"
-    CANCELLED_RUNNING = "cancelled_running"
-    REJECTED = "rejected"
-    QUEUE_FULL = "queue_full"
-    EXPIRED = "expired"
+# How the request's turn ended: the dispatcher's Outcome, as database choices (one list).
+RecordOutcome = models.TextChoices(
+    "RecordOutcome", [(outcome.name, outcome.value) for outcome in Outcome]
+)
 
 
 class RequestRecord(models.Model):
