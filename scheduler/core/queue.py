@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from sortedcontainers import SortedList
@@ -66,7 +66,7 @@ class WaitingQueue:
 
     def __init__(self, settings: SchedulerSettings | None = None, loaded_model: str | None = None):
         self._settings = settings or SchedulerSettings()
-        self._loaded = loaded_model
+        self._loaded: frozenset[str] = frozenset((loaded_model,)) if loaded_model else frozenset()
         self._entries: dict[str, _Entry] = {}
         self._by_band: dict[Band, OrderedDict[str, QueuedRequest]] = {b: OrderedDict() for b in BANDS}
         self._seq = itertools.count()
@@ -82,6 +82,12 @@ class WaitingQueue:
 
     @property
     def loaded_model(self) -> str | None:
+        """The loaded model when exactly one is (the classic one-model GPU), else None."""
+        return next(iter(self._loaded)) if len(self._loaded) == 1 else None
+
+    @property
+    def loaded_models(self) -> frozenset[str]:
+        """Every model loaded on this queue's GPU (groups let several stay resident)."""
         return self._loaded
 
     def __len__(self) -> int:
@@ -135,7 +141,16 @@ class WaitingQueue:
 
     def set_loaded_model(self, model: str | None) -> None:
         """The model now on the GPU (None: nothing loaded). Affinity follows it."""
-        self._loaded = model
+        self._loaded = frozenset((model,)) if model else frozenset()
+
+    def set_loaded_models(self, models: Iterable[str]) -> None:
+        """The models now on the GPU; affinity applies to the requests of each of them."""
+        self._loaded = frozenset(models)
+
+    def next_model(self) -> str | None:
+        """The model of the request :meth:`pick` would choose now, without removing it."""
+        best = self._best(aged=True, affinity=True)
+        return best.request.model if best is not None else None
 
     def set_settings(self, settings: SchedulerSettings) -> None:
         """Apply new settings from the next pick on. Re-keys the lists (O(n log n)) only
@@ -273,13 +288,15 @@ class WaitingQueue:
             head: _Entry | None = lst[0][2] if lst else None
             return head
         best: tuple[float, int, _Entry] | None = global_list[0] if global_list else None
-        if affinity and self._bonus and self._loaded is not None:
-            lst = model_lists.get(self._loaded)
-            if lst:
-                _, seq, boosted = lst[0]
-                if best is None or (self._boosted(boosted, aged), seq) < best[:2]:
-                    chosen: _Entry = boosted
-                    return chosen
+        if affinity and self._bonus:
+            # One head lookup per loaded model (one, or a handful with groups).
+            for loaded in self._loaded:
+                lst = model_lists.get(loaded)
+                if lst:
+                    _, seq, boosted = lst[0]
+                    key = (self._boosted(boosted, aged), seq, boosted)
+                    if best is None or key[:2] < best[:2]:
+                        best = key
         return best[2] if best is not None else None
 
     def _attribution(self, winner: _Entry) -> frozenset[Term]:
@@ -288,7 +305,7 @@ class WaitingQueue:
             terms.add(Term.AGING)
         if (
             self._bonus
-            and self._loaded is not None
+            and self._loaded
             and self._best(aged=True, affinity=False) is not winner
         ):
             terms.add(Term.SWAP_AFFINITY)
@@ -296,7 +313,7 @@ class WaitingQueue:
 
     def _terms(self, entry: _Entry, now: float) -> tuple[float, float, float]:
         """(affinity, aging, score) of one entry at ``now``."""
-        affinity = float(self._bonus) if entry.request.model == self._loaded else 0.0
+        affinity = float(self._bonus) if entry.request.model in self._loaded else 0.0
         aging = 0.0
         if self._aging_on:
             aging = max(0.0, now - entry.request.arrival) / self._divisor
@@ -321,7 +338,7 @@ class WaitingQueue:
             reordered_by=reordered,
             runner_up_id=runner.request.request_id if runner is not None else None,
             runner_up_score=runner_score,
-            needs_swap=request.model != self._loaded,
+            needs_swap=request.model not in self._loaded,
             fifo_priority=None if self._serial else winner.effective,
             waiting_after=len(self._entries),
         )
@@ -330,10 +347,14 @@ class WaitingQueue:
         """All waiting entries in dispatch order (lazy)."""
         global_list, model_lists, aged = self._lists(aged=True)
         loaded = self._loaded
-        if not self._bonus or loaded is None or loaded not in model_lists:
+        if not self._bonus or not loaded.intersection(model_lists):
             return (item[2] for item in global_list)
         # Merge per-model lists (few) rather than filter the global one, so the first k
-        # entries cost O(k log models) however many wait for the loaded model.
-        boosted = ((self._boosted(e, aged), seq, e) for _, seq, e in model_lists[loaded])
-        others = [iter(lst) for model, lst in model_lists.items() if model != loaded]
-        return (item[2] for item in heapq.merge(boosted, *others, key=lambda i: i[:2]))
+        # entries cost O(k log models) however many wait for a loaded model.
+        lists: list[Iterator[tuple[float, int, _Entry]]] = [
+            ((self._boosted(e, aged), seq, e) for _, seq, e in lst)
+            if model in loaded
+            else iter(lst)
+            for model, lst in model_lists.items()
+        ]
+        return (item[2] for item in heapq.merge(*lists, key=lambda i: i[:2]))
