@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -39,6 +39,8 @@ OUTCOMES = tuple(outcome.value for outcome in Outcome)
 
 QUEUE_DEPTH = "llamaswap_scheduler_queue_depth"
 QUEUE_OLDEST_WAIT = "llamaswap_scheduler_queue_oldest_wait_seconds"
+LANE_QUEUE_DEPTH = "llamaswap_lane_queue_depth"
+LANE_RUNNING = "llamaswap_lane_running"
 
 DISPATCHED = Counter(
     "llamaswap_scheduler_dispatched_total",
@@ -74,6 +76,12 @@ MODEL_LOAD_DURATION = Histogram(
     "Time from starting a model to it being ready, by model (successful loads).",
     ["model"],
     buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+)
+LANE_DISPATCHED = Counter(
+    "llamaswap_lane_dispatched_total",
+    "Requests dispatched, by lane (GPU) and band; summed over lanes it is "
+    "llamaswap_scheduler_dispatched_total.",
+    ["lane", "band"],
 )
 RECORDS_WRITTEN = Counter(
     "llamaswap_activity_records_written_total",
@@ -127,12 +135,28 @@ class QueueCollector(Collector):
             "How long the longest-waiting request of each band has waited (0 when none).",
             labels=["band"],
         )
+        lane_depth = GaugeMetricFamily(
+            LANE_QUEUE_DEPTH,
+            "Requests waiting, by lane (GPU) and band; summed over lanes it is "
+            f"{QUEUE_DEPTH}.",
+            labels=["lane", "band"],
+        )
+        lane_running = GaugeMetricFamily(
+            LANE_RUNNING, "Requests being served or loading their model, by lane (GPU).", labels=["lane"]
+        )
         stats = dispatcher.queue.band_stats(dispatcher.now()) if dispatcher is not None else None
         for band in BANDS:
             entry = stats.get(band) if stats is not None else None
             depth.add_metric([band.value], entry.depth if entry else 0)
             oldest.add_metric([band.value], entry.oldest_wait if entry else 0.0)
-        return [depth, oldest]
+        if dispatcher is not None:
+            now = dispatcher.now()
+            for lane in dispatcher.lanes():
+                per_band = dispatcher.queue.lane(lane.name).band_stats(now)
+                for band in BANDS:
+                    lane_depth.add_metric([lane.name, band.value], per_band[band].depth)
+                lane_running.add_metric([lane.name], len(lane.running))
+        return [depth, oldest, lane_depth, lane_running]
 
 
 QUEUE_COLLECTOR = QueueCollector()
@@ -162,7 +186,11 @@ class MetricsObserver:
             for outcome in OUTCOMES
         }
         self._loading_since: dict[str, float] = {}
+        self._lane_dispatched: dict[tuple[str, object], Any] = {}
         if config is not None:
+            for lane in config.lanes:
+                for band in BANDS:
+                    self._lane_dispatched[(lane, band)] = LANE_DISPATCHED.labels(lane, band.value)
             for model in config.models:
                 MODEL_SWAPS.labels(model)
                 MODEL_LOAD_DURATION.labels(model)
@@ -176,6 +204,10 @@ class MetricsObserver:
             return
         band = decision.band
         self._dispatched[band].inc()
+        lane = self._lane_dispatched.get((ticket.lane, band))
+        if lane is None:
+            lane = self._lane_dispatched[(ticket.lane, band)] = LANE_DISPATCHED.labels(ticket.lane, band.value)
+        lane.inc()
         self._waits[band].observe(decision.queue_wait)
         for term in decision.reordered_by:
             self._reorders[(band, term)].inc()

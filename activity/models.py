@@ -26,6 +26,13 @@ class RequestRecord(models.Model):
     request_id = models.CharField(max_length=64, unique=True)
     """The ``X-LlamaSwap-Request-Id`` value."""
     model = models.CharField(max_length=255)
+    """The model that ran it: a local model id, or ``peer/model`` for a peer's."""
+    requested_model = models.CharField(max_length=255, blank=True, default="")
+    """The name the client asked for, when a profile pin, a selector or a
+    ``setParamsByID`` alias resolved it to ``model``; empty when it asked for ``model``."""
+    peer = models.CharField(max_length=255, blank=True, default="")
+    """The peer (``peers.<id>``) it was forwarded to; empty for a local model. A peer
+    request takes no local turn: it is never queued or dispatched here."""
     path = models.CharField(max_length=255)
     priority = models.BigIntegerField()
     """The caller's priority (header value; signed 64-bit)."""
@@ -35,7 +42,10 @@ class RequestRecord(models.Model):
     requested_priority = models.BigIntegerField(null=True, blank=True)
     """What the caller asked for, when its key's ceiling cut it to ``priority``."""
     policy = models.CharField(max_length=8)
-    """``serial`` or ``fifo``: the scheduler that ordered it."""
+    """``serial`` or ``fifo``: the scheduler that ordered it; ``peer`` for a request
+    forwarded to a peer (no scheduler here)."""
+    lane = models.CharField(max_length=64, blank=True, default="default")
+    """The lane (GPU) whose queue it waited in; ``default`` on a one-lane box."""
 
     arrived_at = models.DateTimeField()
     dispatched_at = models.DateTimeField(null=True, blank=True)
@@ -106,6 +116,8 @@ class RequestRecord(models.Model):
         ``serial_score`` (number) and ``serial_queue_wait_ms`` (number). Fifo:
         ``fifo_priority`` (int) on every dispatched row.
         """
+        if self.peer:
+            return {"peer": str(self.peer)}
         if self.policy == "fifo":
             if self.fifo_priority is None:
                 return {}

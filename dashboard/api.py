@@ -98,6 +98,7 @@ def activity_row(r: RequestRecord) -> dict[str, Any]:
         "api_key": r.api_key,
         "band": r.band,
         "policy": r.policy,
+        "lane": r.lane,
         "outcome": r.outcome,
         "status": r.status,
         "arrived_at": _iso(r.arrived_at),

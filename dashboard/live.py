@@ -28,6 +28,7 @@ from dashboard.snapshot import (
     build_snapshot,
     decision_record,
     empty_snapshot,
+    lane_rows,
     sample,
 )
 from scheduler.core.policy import SchedulerSettings
@@ -147,6 +148,8 @@ class LiveObserver:
             samples=samples,
             waiting_cap=self.waiting_cap,
             kind="snapshot" if full else "update",
+            lanes=lane_rows(dispatcher.lanes()),
+            lane_of=queue.lane_for,
         )
 
     def take_sample(self) -> None:

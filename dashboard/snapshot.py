@@ -7,10 +7,11 @@ the server renders for the first paint and what the websocket sends.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from scheduler.core.lanes import DEFAULT_LANE
 from scheduler.core.policy import Decision, Ranked, SchedulerSettings, Term
 from scheduler.core.priority import BANDS, Band, band_of
 from scheduler.core.queue import BandStats
@@ -121,6 +122,8 @@ def build_snapshot(
     samples: Sequence[Sample] = (),
     waiting_cap: int = WAITING_CAP,
     kind: str = "snapshot",
+    lanes: Sequence[Mapping[str, Any]] = (),
+    lane_of: Callable[[str], str] | None = None,
 ) -> dict[str, Any]:
     """The dashboard's state.
 
@@ -128,8 +131,10 @@ def build_snapshot(
     seconds for display. ``waiting`` is the head of the queue in dispatch order (at most
     ``waiting_cap`` are kept), ``depth`` the whole queue's length. ``decisions`` are
     oldest first; the snapshot lists them newest first. ``samples`` are chart points,
-    oldest first (all of them on connect, the newest one in an update).
+    oldest first (all of them on connect, the newest one in an update). ``lanes`` are
+    the dispatcher's lanes (one per GPU; :func:`lane_rows`), ``lane_of`` a model's lane.
     """
+    lane_name = lane_of or (lambda _model: DEFAULT_LANE)
     band_rows = []
     for band in BANDS:
         stats = bands.get(band) or BandStats(depth=0, oldest_wait=0.0)
@@ -148,6 +153,7 @@ def build_snapshot(
             "rank": rank,
             "request_id": r.request.request_id,
             "model": r.request.model,
+            "lane": lane_name(r.request.model),
             "band": r.request.band.value,
             "priority": r.request.priority,
             "score": round(r.score, 3),
@@ -165,6 +171,7 @@ def build_snapshot(
             {
                 "request_id": ticket.request_id,
                 "model": ticket.model.id,
+                "lane": lane_name(ticket.model.id),
                 "band": band_of(ticket.priority).value,
                 "priority": ticket.priority,
                 "state": ticket.state.value,
@@ -179,6 +186,7 @@ def build_snapshot(
         "bands": band_rows,
         "depth": depth,
         "model": {"id": model, "state": model_state},
+        "lanes": [dict(lane) for lane in lanes],
         "running": running_rows,
         "waiting": waiting_rows,
         "waiting_shown": len(waiting_rows),
@@ -186,6 +194,20 @@ def build_snapshot(
         "settings": settings_block(settings, settings_source, settings_since),
         "samples": [s.row() for s in samples],
     }
+
+
+def lane_rows(lanes: Iterable[Any]) -> list[dict[str, Any]]:
+    """The dashboard's card per lane, from :meth:`Dispatcher.lanes`."""
+    return [
+        {
+            "lane": lane.name,
+            "loaded": [{"model": m, "state": s.value} for m, s in lane.loaded.items()],
+            "running": len(lane.running),
+            "waiting": lane.waiting,
+            "models": list(lane.models),
+        }
+        for lane in lanes
+    ]
 
 
 def empty_snapshot(wall: float, settings: SchedulerSettings | None = None) -> dict[str, Any]:

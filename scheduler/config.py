@@ -17,8 +17,12 @@ The semantics are llama-swap's (its ``internal/config`` and ``config.example.yam
   does) needs a ``cmd`` that uses it too.
 * Any ``${name}`` left after expansion is an error naming its key.
 
-Keys llamaswap does not implement (``peers``, ``groups``, ...) are ignored, with one line
+Keys llamaswap does not implement (``ui``, ``store``, ...) are ignored, with one line
 each in :attr:`Config.warnings`; so are unknown keys inside the sections read.
+
+``routing.router`` (groups or matrix, or the legacy top-level ``groups``/``matrix``)
+becomes :attr:`Config.router`, a :mod:`scheduler.core.swapper` policy, with llama-swap's
+load errors: one form only, groups or matrix, a model in one group, members are model ids.
 
 Extensions of llama-swap's format (it has none of these):
 
@@ -29,6 +33,9 @@ Extensions of llama-swap's format (it has none of these):
   ``.fifo`` (:class:`QueueBounds`).
 * ``apiKeys`` entries may be mappings ``{name, key, priority: {default, ceiling, offset}}``
   besides llama-swap's plain strings (:attr:`Config.api_keys`, :mod:`scheduler.keys`).
+* ``routing.scheduler.settings.serial.lanes``: lane name -> groups, model ids or aliases;
+  one serial queue per lane (:attr:`Config.lanes`, :attr:`Config.lane_of`).
+* ``models.<id>.slots``: requests of the model a lane may run at once (serial).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import yaml
@@ -55,8 +62,21 @@ from scheduler.core.policy import (
     SchedulerSettings,
     SettingsError,
 )
+from scheduler.core.lanes import DEFAULT_LANE
 from scheduler.core.priority import BANDS, parse_priority_or_none
+from scheduler.core.swapper import (
+    DEFAULT_GROUP,
+    Group,
+    GroupError,
+    GroupSwapper,
+    MatrixError,
+    MatrixSwapper,
+    Swapper,
+)
 from scheduler.keys import ApiKey, KeyPolicy
+
+if TYPE_CHECKING:
+    from scheduler.names import Peer, PeerModel, Profile, Selector
 
 DEFAULT_HEALTH_CHECK_TIMEOUT = 120
 MIN_HEALTH_CHECK_TIMEOUT = 15
@@ -97,14 +117,14 @@ _TOP_LEVEL_KEYS = frozenset(
         "upstream",
         "logToStdout",
         "logTimeFormat",
+        "profiles",
+        "selectors",
+        "peers",
+        "groups",
+        "matrix",
     }
 )
 _IGNORED_TOP_LEVEL = {
-    "peers": "remote peers are not supported",
-    "selectors": "selectors are not supported",
-    "profiles": "profiles are not supported",
-    "groups": "groups are not supported; one model runs at a time",
-    "matrix": "the matrix router is not supported; one model runs at a time",
     "logRequests": "not supported",
     "metricsMaxInMemory": "not supported",
     "captureBuffer": "request captures are not supported",
@@ -133,6 +153,7 @@ _MODEL_KEYS = frozenset(
         "macros",
         "timeouts",
         "capabilities",
+        "slots",
     }
 )
 _IGNORED_MODEL_KEYS = {
@@ -166,7 +187,7 @@ LOG_TIME_FORMATS = (
 :mod:`llamaswap_site.logfmt` renders each."""
 DEFAULT_UPSTREAM_IGNORE_PATHS = r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$"
 """llama-swap's ``upstream.ignorePaths`` when the list is empty or absent."""
-_FILTER_KEYS = frozenset({"stripParams", "strip_params", "setParams"})
+_FILTER_KEYS = frozenset({"stripParams", "strip_params", "setParams", "setParamsByID"})
 _SCHEDULER_KEYS = frozenset({"use", "settings"})
 _TIMEOUT_KEYS = {  # config key -> ModelTimeouts field
     "connect": "connect",
@@ -294,6 +315,14 @@ class ModelConfig:
     set_params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     timeouts: ModelTimeouts = field(default_factory=ModelTimeouts)
     capabilities: Capabilities = field(default_factory=Capabilities)
+    set_params_by_id: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """``filters.setParamsByID``: requested name -> params set after ``setParams``; every
+    key but the model's id is also one of its ``aliases`` (see scheduler/names.py)."""
+    slots: int = 1
+    """``slots`` (our extension): how many requests of this model its lane may run at
+    once (serial scheduler)."""
 
 
 @dataclass(frozen=True)
@@ -325,10 +354,36 @@ class Config:
     api_keys: Mapping[str, ApiKey] = field(default_factory=lambda: MappingProxyType({}))
     """``apiKeys``: the key as written (env and macros expanded) -> its name and priority
     rule. Empty: requests need no key (llama-swap's default)."""
+    router: Swapper = field(default=cast(Swapper, None))
+    """``routing.router`` (or the legacy top-level ``groups``/``matrix``): which resident
+    models a model's start evicts. Default: every model in llama-swap's ``(default)``
+    group, one model at a time."""
+    lanes: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    """``routing.scheduler.settings.serial.lanes`` (our extension): lane name -> its model
+    ids, the named lanes in config order, then :data:`DEFAULT_LANE` with every other model
+    (absent when no model is left for it). Default: one lane holding every model."""
+    lane_of: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Model id -> its lane's name; every model has one."""
+    profiles: Mapping[str, Profile] = field(default_factory=lambda: MappingProxyType({}))
+    """``profiles``: switched at run time (none active at start), see scheduler/names.py."""
+    selectors: Mapping[str, Selector] = field(default_factory=lambda: MappingProxyType({}))
+    peers: Mapping[str, Peer] = field(default_factory=lambda: MappingProxyType({}))
+    peer_routes: Mapping[str, PeerModel] = field(default_factory=lambda: MappingProxyType({}))
+    """Every name a peer model answers to: ``peer/model``, and ``model`` when one peer has it."""
     warnings: tuple[str, ...] = ()
-    """One line per ignored, not yet supported key (peers, groups, ...) or adjusted value."""
+    """One line per ignored, not yet supported key (peers, ...) or adjusted value."""
     source: str = ""
     """The file it came from."""
+
+    def __post_init__(self) -> None:
+        # A Config built by hand (tests, benches) gets llama-swap's defaults.
+        if self.router is None:
+            object.__setattr__(self, "router", GroupSwapper.default(self.models))
+        if not self.lanes:
+            object.__setattr__(self, "lanes", MappingProxyType({DEFAULT_LANE: tuple(self.models)}))
+            object.__setattr__(
+                self, "lane_of", MappingProxyType(dict.fromkeys(self.models, DEFAULT_LANE))
+            )
 
     def resolve(self, name: str) -> ModelConfig | None:
         """The model for an id or an alias."""
@@ -376,6 +431,8 @@ def parse_config(
     ``environ`` answers ``${env.NAME}``; it defaults to ``os.environ``. Raises
     :class:`ConfigError` naming the key path of the first problem found.
     """
+    from scheduler import names as names_mod  # it imports this module
+
     env = os.environ if environ is None else environ
     if not isinstance(data, Mapping):
         raise ConfigError("", f"the config must be a mapping of settings, got {_kind(data)}")
@@ -451,8 +508,12 @@ def parse_config(
         model_id: _build_model(model_id, model, defaults, warnings)
         for model_id, model in prepared.items()
     }
+    names_mod.check_derived_aliases(models)
     aliases = _alias_map(models)
+    names = names_mod.parse_names(top, models, aliases, warnings)
     scheduler = _scheduler_settings(top.get("routing"), models, aliases, warnings)
+    router = _router(top, models, aliases, warnings)
+    lanes, lane_of = _lanes(top.get("routing"), models, aliases, router)
 
     return Config(
         models=MappingProxyType(models),
@@ -470,7 +531,14 @@ def parse_config(
         include_aliases_in_list=include_aliases,
         upstream_ignore_paths=ignore_paths,
         preload=_preload(top.get("hooks"), models, aliases, warnings),
+        router=router,
+        lanes=lanes,
+        lane_of=lane_of,
         api_keys=MappingProxyType(_api_keys(top.get("apiKeys"))),
+        profiles=names.profiles,
+        selectors=names.selectors,
+        peers=names.peers,
+        peer_routes=names.peer_routes,
         warnings=tuple(warnings),
         source=source,
     )
@@ -661,6 +729,8 @@ def _prepare_models(
     value: Any, global_macros: list[tuple[str, Any]], warnings: list[str]
 ) -> dict[str, dict[str, Any]]:
     """Each model's raw settings with comments stripped and its macros expanded."""
+    from scheduler import names as names_mod  # it imports this module
+
     if value is None:
         raise ConfigError("models", "required: a mapping of model id to model settings")
     if not isinstance(value, Mapping):
@@ -695,9 +765,9 @@ def _prepare_models(
                 model[name] = _strip_comment_lines(model[name])
         if model.get("proxy") is None:
             model["proxy"] = DEFAULT_PROXY
-        prepared[model_id] = _substitute_all(
-            model, _merge_macros(model_id, global_macros, model_macros)
-        )
+        scope = _merge_macros(model_id, global_macros, model_macros)
+        prepared[model_id] = _substitute_all(model, scope)
+        names_mod.expand_set_params_keys(prepared[model_id], scope, key)
     return prepared
 
 
@@ -733,6 +803,8 @@ def _assign_ports(prepared: dict[str, dict[str, Any]], start_port: int) -> None:
 def _build_model(
     model_id: str, model: Mapping[str, Any], defaults: _ModelDefaults, warnings: list[str]
 ) -> ModelConfig:
+    from scheduler import names as names_mod  # it imports this module
+
     key = f"models.{model_id}"
     cmd = _command(model["cmd"], f"{key}.cmd")
     if not cmd:
@@ -761,9 +833,7 @@ def _build_model(
 
     filters = _mapping(model.get("filters"), f"{key}.filters")
     for name in filters:
-        if name == "setParamsByID":
-            warnings.append(f"{key}.filters.setParamsByID: not supported; ignored")
-        elif name not in _FILTER_KEYS:
+        if name not in _FILTER_KEYS:
             warnings.append(f"{key}.filters.{name}: unknown filter; ignored")
     strip_text = filters.get("stripParams") or filters.get("strip_params") or ""
     strip_params = _strip_params(_string(strip_text, f"{key}.filters.stripParams"))
@@ -772,13 +842,17 @@ def _build_model(
         for k, v in _mapping(filters.get("setParams"), f"{key}.filters.setParams").items()
         if str(k) not in PROTECTED_PARAMS
     }
+    by_id = names_mod.set_params_by_id(
+        filters.get("setParamsByID"), f"{key}.filters.setParamsByID"
+    )
+    explicit_aliases = tuple(_string_list(model.get("aliases"), f"{key}.aliases"))
 
     return ModelConfig(
         id=model_id,
         cmd=cmd,
         proxy=proxy,
         cmd_stop=cmd_stop,
-        aliases=tuple(_string_list(model.get("aliases"), f"{key}.aliases")),
+        aliases=(*explicit_aliases, *names_mod.derived_aliases(model_id, explicit_aliases, by_id)),
         env=MappingProxyType(_environment(model.get("env"), f"{key}.env")),
         check_endpoint=check_endpoint,
         ttl=ttl,
@@ -792,8 +866,10 @@ def _build_model(
         metadata=MappingProxyType(dict(_mapping(model.get("metadata"), f"{key}.metadata"))),
         strip_params=strip_params,
         set_params=MappingProxyType(set_params),
+        set_params_by_id=MappingProxyType(by_id),
         timeouts=_model_timeouts(model.get("timeouts"), f"{key}.timeouts", warnings),
         capabilities=_capabilities(model.get("capabilities"), f"{key}.capabilities", warnings),
+        slots=_int(_default(model.get("slots"), 1), f"{key}.slots", 1),
     )
 
 
@@ -921,21 +997,16 @@ def _scheduler_settings(
 ) -> SchedulerSettings:
     """``routing.scheduler``; ``use`` defaults to serial (llama-swap's default is fifo)."""
     routing = _mapping(value, "routing")
-    for name in routing:
-        if name == "router":
-            warnings.append(
-                "routing.router: groups and matrix routing are not supported; "
-                "one model runs at a time; ignored"
-            )
-        elif name != "scheduler":
-            warnings.append(f"routing.{name}: unknown key; ignored")
+    _warn_unknown(routing, "routing", {"scheduler", "router"}, warnings)
     scheduler = _mapping(routing.get("scheduler"), SETTINGS_PREFIX)
     _warn_unknown(scheduler, SETTINGS_PREFIX, {"use", "settings"}, warnings)
     settings = _mapping(scheduler.get("settings"), f"{SETTINGS_PREFIX}.settings")
     _warn_unknown(settings, f"{SETTINGS_PREFIX}.settings", {"serial", "fifo"}, warnings)
     serial_key = f"{SETTINGS_PREFIX}.settings.serial"
     serial = _mapping(settings.get("serial"), serial_key)
-    _warn_unknown(serial, serial_key, {"agingDivisor", "swapAffinityBonus", *_BOUND_KEYS}, warnings)
+    _warn_unknown(
+        serial, serial_key, {"agingDivisor", "swapAffinityBonus", "lanes", *_BOUND_KEYS}, warnings
+    )
     fifo_key = f"{SETTINGS_PREFIX}.settings.fifo"
     fifo = _mapping(settings.get("fifo"), fifo_key)
     _warn_unknown(fifo, fifo_key, {"priority", *_BOUND_KEYS}, warnings)
@@ -969,6 +1040,225 @@ def _scheduler_settings(
         priorities[model_id] = priority
         named_by[model_id] = name
     return checked.with_changes(fifo_priority=priorities)
+
+
+ROUTER_PREFIX = "routing.router"
+KEY_LANES = f"{SETTINGS_PREFIX}.settings.serial.lanes"
+_GROUP_KEYS = frozenset({"swap", "exclusive", "persistent", "members"})
+_MATRIX_KEYS = frozenset({"vars", "evict_costs", "sets"})
+_LANE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+
+
+def _router(
+    top: Mapping[str, Any],
+    models: Mapping[str, ModelConfig],
+    aliases: Mapping[str, str],
+    warnings: list[str],
+) -> Swapper:
+    """``routing.router`` or the legacy top-level ``groups``/``matrix``, as llama-swap
+    reads them: one form only, groups or matrix (not both), default every model in the
+    ``(default)`` group."""
+    router = _mapping(_mapping(top.get("routing"), "routing").get("router"), ROUTER_PREFIX)
+    _warn_unknown(router, ROUTER_PREFIX, {"use", "settings"}, warnings)
+    settings = _mapping(router.get("settings"), f"{ROUTER_PREFIX}.settings")
+    _warn_unknown(settings, f"{ROUTER_PREFIX}.settings", {"groups", "matrix"}, warnings)
+    groups = _mapping(settings.get("groups"), f"{ROUTER_PREFIX}.settings.groups")
+    matrix = settings.get("matrix")
+    legacy_groups = _mapping(top.get("groups"), "groups")
+    legacy_matrix = top.get("matrix")
+
+    # Present as llama-swap counts it: an empty groups mapping or a null matrix is absent.
+    if legacy_matrix is not None or legacy_groups:
+        legacy = "matrix" if legacy_matrix is not None else "groups"
+        if router.get("use") not in (None, "") or matrix is not None or groups:
+            raise ConfigError(
+                legacy,
+                "the legacy top-level groups/matrix cannot be used together with "
+                f"{ROUTER_PREFIX}; move them under {ROUTER_PREFIX}.settings",
+            )
+        if legacy_matrix is not None and legacy_groups:
+            raise ConfigError("matrix", "cannot be used together with groups; choose one")
+        if legacy_matrix is not None:
+            return _matrix(legacy_matrix, "matrix", models, aliases, warnings)
+        return _groups(legacy_groups, "groups", models, warnings, aliases)
+
+    use = _string(_default(router.get("use"), ""), f"{ROUTER_PREFIX}.use") or "group"
+    if use == "matrix":
+        if matrix is None:
+            raise ConfigError(
+                f"{ROUTER_PREFIX}.settings.matrix", f"required by {ROUTER_PREFIX}.use: matrix"
+            )
+        if groups:
+            warnings.append(
+                f"{ROUTER_PREFIX}.settings.groups: not used with {ROUTER_PREFIX}.use: matrix; "
+                "ignored"
+            )
+        return _matrix(matrix, f"{ROUTER_PREFIX}.settings.matrix", models, aliases, warnings)
+    if use == "group":
+        if matrix is not None:
+            warnings.append(
+                f"{ROUTER_PREFIX}.settings.matrix: not used with {ROUTER_PREFIX}.use: group; "
+                "ignored"
+            )
+        return _groups(groups, f"{ROUTER_PREFIX}.settings.groups", models, warnings, aliases)
+    raise ConfigError(f"{ROUTER_PREFIX}.use", f"unknown router {use!r} (use group or matrix)")
+
+
+def _groups(
+    value: Mapping[str, Any],
+    key: str,
+    models: Mapping[str, ModelConfig],
+    warnings: list[str],
+    aliases: Mapping[str, str],
+) -> GroupSwapper:
+    """The configured groups, then ``(default)`` with every model in none.
+
+    Members are model ids: llama-swap keys a group's processes by the member as written,
+    so an alias there does not group the model it names; here it is an error.
+    """
+    groups: list[Group] = []
+    group_of: dict[str, str] = {}
+    for raw_name, raw_spec in value.items():
+        name = str(raw_name)
+        group_key = f"{key}.{name}"
+        if name == DEFAULT_GROUP:
+            raise ConfigError(
+                group_key, f"{DEFAULT_GROUP} is the group of the models in no group; rename it"
+            )
+        spec = _mapping(raw_spec, group_key)
+        _warn_unknown(spec, group_key, set(_GROUP_KEYS), warnings)
+        members: list[str] = []
+        for i, member in enumerate(_string_list(spec.get("members"), f"{group_key}.members")):
+            member_key = f"{group_key}.members[{i}]"
+            if member not in models:
+                if member in aliases:
+                    raise ConfigError(
+                        member_key,
+                        f"{member!r} is an alias of model {aliases[member]!r}; "
+                        "members are model ids",
+                    )
+                raise ConfigError(member_key, f"unknown model {member!r}")
+            if member in members:
+                raise ConfigError(member_key, f"model {member!r} is listed twice in this group")
+            if member in group_of:
+                raise ConfigError(
+                    member_key,
+                    f"model {member!r} is in two groups: {group_of[member]!r} and {name!r}",
+                )
+            group_of[member] = name
+            members.append(member)
+        groups.append(
+            Group(
+                name,
+                swap=_bool(_default(spec.get("swap"), True), f"{group_key}.swap"),
+                exclusive=_bool(_default(spec.get("exclusive"), True), f"{group_key}.exclusive"),
+                persistent=_bool(
+                    _default(spec.get("persistent"), False), f"{group_key}.persistent"
+                ),
+                members=tuple(members),
+            )
+        )
+    ungrouped = tuple(model_id for model_id in models if model_id not in group_of)
+    if ungrouped:
+        groups.append(Group(DEFAULT_GROUP, members=ungrouped))
+    try:
+        return GroupSwapper(groups)
+    except GroupError as exc:  # checked above; kept for the swapper's own rules
+        raise ConfigError(key, str(exc)) from None
+
+
+def _matrix(
+    value: Any,
+    key: str,
+    models: Mapping[str, ModelConfig],
+    aliases: Mapping[str, str],
+    warnings: list[str],
+) -> MatrixSwapper:
+    """``matrix``: ``vars`` (short name -> model id), ``evict_costs``, ``sets`` (in order)."""
+    spec = _mapping(value, key)
+    _warn_unknown(spec, key, set(_MATRIX_KEYS), warnings)
+    variables = {
+        str(name): _string(model_id, f"{key}.vars.{name}")
+        for name, model_id in _mapping(spec.get("vars"), f"{key}.vars").items()
+    }
+    costs = {
+        str(name): _int(cost, f"{key}.evict_costs.{name}")
+        for name, cost in _mapping(spec.get("evict_costs"), f"{key}.evict_costs").items()
+    }
+    sets = [
+        (str(name), _string(_default(text, ""), f"{key}.sets.{name}"))
+        for name, text in _mapping(spec.get("sets"), f"{key}.sets").items()
+    ]
+    try:
+        return MatrixSwapper.compile(sets, models, variables, costs, aliases)
+    except MatrixError as exc:
+        raise ConfigError(f"{key}.{exc.where}" if exc.where else key, exc.message) from None
+
+
+def _lanes(
+    value: Any,
+    models: Mapping[str, ModelConfig],
+    aliases: Mapping[str, str],
+    router: Swapper,
+) -> tuple[Mapping[str, tuple[str, ...]], Mapping[str, str]]:
+    """``routing.scheduler.settings.serial.lanes``: lane name -> [group, model id or alias].
+
+    Called after :func:`_scheduler_settings`, which checked the sections' shapes.
+    """
+    scheduler = _mapping(_mapping(value, "routing").get("scheduler"), SETTINGS_PREFIX)
+    settings = _mapping(scheduler.get("settings"), f"{SETTINGS_PREFIX}.settings")
+    serial = _mapping(settings.get("serial"), f"{SETTINGS_PREFIX}.settings.serial")
+    group_members = (
+        {group.name: group.members for group in router.groups}
+        if isinstance(router, GroupSwapper)
+        else {}
+    )
+    lanes: dict[str, tuple[str, ...]] = {}
+    lane_of: dict[str, str] = {}
+    for raw_name, members in _mapping(serial.get("lanes"), KEY_LANES).items():
+        name = str(raw_name)
+        lane_key = f"{KEY_LANES}.{name}"
+        if not _LANE_NAME.fullmatch(name):
+            raise ConfigError(
+                lane_key,
+                f"a lane name is a letter, then up to 31 letters, digits, '_', '-'; got {name!r}",
+            )
+        if not isinstance(members, list) or not members:
+            raise ConfigError(
+                lane_key,
+                f"must be a non-empty list of groups, model ids or aliases, got {_kind(members)}",
+            )
+        on_lane: list[str] = []
+        for i, item in enumerate(members):
+            member_key = f"{lane_key}[{i}]"
+            member = _string(item, member_key)
+            if member in group_members:
+                if member in models and member not in group_members[member]:
+                    raise ConfigError(
+                        member_key,
+                        f"{member!r} is both a group and a model outside it; ambiguous",
+                    )
+                model_ids: tuple[str, ...] = group_members[member]
+            else:
+                model_id = _real_model_id(member, models, aliases)
+                if model_id is None:
+                    raise ConfigError(member_key, f"unknown group, model or alias {member!r}")
+                model_ids = (model_id,)
+            for model_id in model_ids:
+                other = lane_of.get(model_id)
+                if other is None:
+                    lane_of[model_id] = name
+                    on_lane.append(model_id)
+                elif other != name:
+                    raise ConfigError(
+                        member_key, f"model {model_id!r} is on two lanes: {other!r} and {name!r}"
+                    )
+        lanes[name] = tuple(on_lane)
+    rest = tuple(model_id for model_id in models if model_id not in lane_of)
+    if rest or not lanes:
+        lanes[DEFAULT_LANE] = lanes.get(DEFAULT_LANE, ()) + rest
+        lane_of.update(dict.fromkeys(rest, DEFAULT_LANE))
+    return MappingProxyType(lanes), MappingProxyType(lane_of)
 
 
 def _queue_bounds(value: Any, use: Policy) -> QueueBounds:

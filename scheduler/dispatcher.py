@@ -9,11 +9,18 @@ else touches the queue or the processes, so there are no locks.
 Views talk to it through :meth:`Dispatcher.submit` (returns a :class:`Ticket` to await),
 :meth:`Dispatcher.finish` and :meth:`Dispatcher.cancel`; all three only post an event.
 
-Serial (the spec's scheduler): exactly one inference request is in flight at a time,
-across all models; a swap is part of the picked request's turn. Fifo (llama-swap's):
-requests for the ready model are served at once up to its ``concurrencyLimit`` (beyond it
-:class:`Overloaded`, a 429); a request that needs a swap waits in the queue; a busy model
-is never stopped to make room. In both, at most one model is loaded at a time.
+Lanes (:mod:`scheduler.core.lanes`): each GPU is a lane with its own queue, processes and
+loads; lanes run at once, and nothing one lane does waits for another. By default there
+is one lane for the whole box.
+
+Serial (the spec's scheduler), per lane: one inference request at a time, across that
+lane's models (with ``slots: N``, up to N of the running model's while the lane's best
+waiting request is for it); a swap is part of the picked request's turn. Fifo
+(llama-swap's): requests for a ready model are served at once up to its
+``concurrencyLimit`` (beyond it :class:`Overloaded`, a 429); a request that needs a swap
+waits in the queue; a busy model is never stopped to make room. In both, what stays
+loaded beside a starting model is the router's call (``Config.router``: llama-swap's
+groups or matrix, by default one model per lane), and a lane starts one model at a time.
 """
 
 from __future__ import annotations
@@ -32,9 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from scheduler.config import Config, ModelConfig
+from scheduler.core.lanes import DEFAULT_LANE, LaneQueues, fill_slots
 from scheduler.core.policy import Decision, Policy, QueuedRequest, SchedulerSettings
 from scheduler.core.priority import Band
-from scheduler.core.queue import WaitingQueue
 from scheduler.process import LogBuffer, ModelProcess, ModelProcessLike, ModelStartError, ModelState
 
 log = logging.getLogger("llamaswap.dispatcher")
@@ -151,6 +158,8 @@ class Ticket:
     """Which start of its model it was granted to (see :meth:`Dispatcher.resend`)."""
     resent: bool = False
     """It was granted once more after its model turned out dead at grant."""
+    lane: str = DEFAULT_LANE
+    """The lane (GPU) its model is on."""
 
     async def wait(self) -> str:
         """Wait for this request's turn; returns the upstream base URL.
@@ -262,6 +271,56 @@ class _Drain:
     pass
 
 
+@dataclass(eq=False)
+class _Lane:
+    """One GPU's share of the dispatcher's state, owned by the run task."""
+
+    name: str
+    processes: dict[str, ModelProcessLike] = field(default_factory=dict)
+    """Started (ready) model processes on this lane, by model id."""
+    generation: dict[str, int] = field(default_factory=dict)
+    """Which start each process is (see :meth:`Dispatcher.resend`)."""
+    running: dict[str, set[Ticket]] = field(default_factory=dict)
+    """Granted or loading tickets by model id."""
+    swapping: str | None = None
+    """Model id being started by the swap task, if any (one load per lane at a time)."""
+    swap_task: asyncio.Task[None] | None = None
+    loading: ModelProcessLike | None = None
+    """The process the swap task is starting, once it exists."""
+    swap_aborted: bool = False
+    """The load in progress was given up (unloaded, or all its waiters left)."""
+    checking: ModelProcessLike | None = None
+    """A model that broke off an answer, given a moment to show it died (see
+    :meth:`Dispatcher.suspect`); nothing is dispatched on this lane meanwhile."""
+    stops: set[asyncio.Task[None]] = field(default_factory=set)
+    """This lane's processes being stopped: no process of the lane starts before these
+    are reaped, so a replaced model is gone before its successor exists (VRAM, ports)."""
+
+    def busy(self) -> int:
+        return sum(len(t) for t in self.running.values())
+
+    def ready(self, model: str) -> bool:
+        proc = self.processes.get(model)
+        return proc is not None and proc.state is ModelState.READY and self.swapping != model
+
+    def resident(self) -> list[str]:
+        """Models loaded or loading on this lane."""
+        return [*self.processes, *([self.swapping] if self.swapping else [])]
+
+
+@dataclass(frozen=True)
+class LaneView:
+    """A lane as :meth:`Dispatcher.lanes` reports it."""
+
+    name: str
+    models: tuple[str, ...]
+    """Every model configured on the lane."""
+    loaded: dict[str, ModelState]
+    """Models started or starting on it."""
+    running: list[Ticket]
+    waiting: int
+
+
 ProcessFactory = Callable[..., ModelProcessLike]
 """Builds a model process: ``ModelProcess`` in production, ``scheduler.testing``'s fake in tests."""
 
@@ -286,7 +345,9 @@ class Dispatcher:
         self._process_factory = process_factory
         self._clock = clock
         self._wall = wall_clock
-        self._queue = WaitingQueue(config.scheduler)
+        self._queue = LaneQueues(config.scheduler, config.lane_of, config.lanes)
+        self._lanes = {name: _Lane(name) for name in self._queue.names}
+        self._evict = config.router.evict
         self._tickets: dict[str, Ticket] = {}
         """Waiting tickets by request id."""
         self._inbox: asyncio.Queue[object] = asyncio.Queue()
@@ -296,33 +357,18 @@ class Dispatcher:
         self._stopping: asyncio.Task[None] | None = None
         self._hurry = asyncio.Event()
         self._stops: set[asyncio.Task[None]] = set()
-        """Model processes being stopped. No process starts before all of these are done,
-        so a replaced model is reaped before its successor exists (VRAM, ports)."""
+        """Every lane's stops and health checks, for shutdown to wait for."""
         self._closing = False
         self._ids = itertools.count(1)
-        # Model state, owned by the run task.
-        self._process: ModelProcessLike | None = None
-        """The one loaded (or loading) model process."""
-        self._swapping: str | None = None
-        """Model id being started by a swap task, if any."""
-        self._swap_task: asyncio.Task[None] | None = None
-        self._loading: ModelProcessLike | None = None
-        """The process the swap task is starting, once it exists."""
-        self._swap_aborted = False
-        """The load in progress was given up (unloaded, or all its waiters left)."""
-        self._generation = 0
-        self._checking: ModelProcessLike | None = None
-        """A model that broke off an answer, given a moment to show it died (see
-        :meth:`suspect`); nothing is dispatched meanwhile."""
-        """Bumped by every successful start: which start a ticket was granted to."""
+        self._generations = itertools.count(1)
+        """Numbers every successful start: which start a ticket was granted to."""
         self._service_mean: float | None = None
         """Moving average of seconds from dispatch to finish, for Retry-After estimates."""
         self._expire_handle: asyncio.TimerHandle | None = None
         self._expire_at: float | None = None
-        self._running: dict[str, set[Ticket]] = {}
-        """Granted or loading tickets by model id."""
         self._last_used: dict[str, float] = {}
         self._ttl_handle: asyncio.TimerHandle | None = None
+        self._ttl_at: float | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -333,7 +379,7 @@ class Dispatcher:
         return self._queue.settings
 
     @property
-    def queue(self) -> WaitingQueue:
+    def queue(self) -> LaneQueues:
         """Read-only use (metrics, dashboard). Only the run task changes it."""
         return self._queue
 
@@ -472,20 +518,65 @@ class Dispatcher:
         await done
 
     def running_models(self) -> list[dict[str, str]]:
-        """llama-swap's /running: the loaded model and its state."""
-        proc = self._process
-        if proc is None or proc.state is ModelState.STOPPED:
-            return []
-        return [{"model": proc.config.id, "state": proc.state.name.lower()}]
+        """llama-swap's /running: the loaded models and their states (and lanes)."""
+        return [
+            {"model": model, "state": state.name.lower(), "lane": self._queue.lane_for(model)}
+            for model, state in self.model_states().items()
+        ]
+
+    def model_states(self) -> dict[str, ModelState]:
+        """Model id -> state for every model started or starting; absent means stopped."""
+        states: dict[str, ModelState] = {}
+        for lane in self._lanes.values():
+            for model, proc in lane.processes.items():
+                if proc.state is not ModelState.STOPPED:
+                    states[model] = proc.state
+            if lane.swapping is not None:
+                states[lane.swapping] = ModelState.STARTING
+        return states
 
     def model_state(self) -> tuple[str | None, ModelState]:
-        proc = self._process
-        if proc is None:
-            return None, ModelState.STOPPED
-        return proc.config.id, proc.state
+        """One loaded model and its state (the loading one first): the whole answer on a
+        box with one lane and one model at a time; see :meth:`model_states` otherwise."""
+        states = self.model_states()
+        for model, state in states.items():
+            if state is ModelState.STARTING:
+                return model, state
+        for model, state in states.items():
+            return model, state
+        return None, ModelState.STOPPED
+
+    def load(self, model: str) -> int:
+        """Requests of ``model`` waiting or being served."""
+        lane = self._lanes[self._queue.lane_for(model)]
+        return self._queue.waiting_for(model) + len(lane.running.get(model, ()))
 
     def in_flight(self) -> list[Ticket]:
-        return [t for tickets in self._running.values() for t in tickets]
+        return [t for lane in self._lanes.values() for tickets in lane.running.values() for t in tickets]
+
+    def lanes(self) -> list[LaneView]:
+        """Each lane as the dashboard shows it (read-only snapshot)."""
+        views = []
+        for lane in self._lanes.values():
+            loaded: dict[str, ModelState] = {
+                m: p.state for m, p in lane.processes.items() if p.state is not ModelState.STOPPED
+            }
+            if lane.swapping is not None:
+                loaded[lane.swapping] = ModelState.STARTING
+            models = tuple(m for m in self.config.models if self._queue.lane_for(m) == lane.name)
+            waiting = len(self._queue.lane(lane.name))
+            if not (models or loaded or lane.running or waiting):
+                continue  # the default lane when every model is on a named one
+            views.append(
+                LaneView(
+                    name=lane.name,
+                    models=models,
+                    loaded=loaded,
+                    running=[t for ts in lane.running.values() for t in ts],
+                    waiting=waiting,
+                )
+            )
+        return views
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -541,13 +632,14 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._swap_task is not None:
-            self._swap_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._swap_task
-        if self._process is not None:
-            self._stop_process(self._process)
-            self._process = None
+        for lane in self._lanes.values():
+            if lane.swap_task is not None:
+                lane.swap_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await lane.swap_task
+            for proc in lane.processes.values():
+                self._stop_process(proc)
+            lane.processes.clear()
         while self._stops:
             await asyncio.wait(set(self._stops))
         if self._expire_handle is not None:
@@ -635,20 +727,16 @@ class Dispatcher:
     def _fifo(self) -> bool:
         return self._queue.settings.use is Policy.FIFO
 
-    def _ready_model(self) -> str | None:
-        proc = self._process
-        if proc is not None and proc.state is ModelState.READY and self._swapping is None:
-            return proc.config.id
-        return None
-
-    def _busy(self) -> int:
-        return sum(len(t) for t in self._running.values())
+    def _lane(self, model: str) -> _Lane:
+        return self._lanes[self._queue.lane_for(model)]
 
     def _on_arrived(self, ticket: Ticket) -> None:
         model = ticket.model.id
-        if self._fifo and model == self._ready_model() and not self._queue.waiting_for(model):
+        lane = self._lane(model)
+        ticket.lane = lane.name
+        if self._fifo and lane.ready(model) and not self._queue.waiting_for(model):
             limit = ticket.model.concurrency_limit
-            if len(self._running.get(model, ())) >= limit:
+            if len(lane.running.get(model, ())) >= limit:
                 self._notify("on_enqueue", ticket)
                 self._refuse(
                     ticket,
@@ -690,25 +778,26 @@ class Dispatcher:
             was_loading = ticket.state is TicketState.LOADING
             self._end_turn(ticket)
             if was_loading:
-                self._maybe_abandon_load(ticket.model.id)
+                self._maybe_abandon_load(self._lane(ticket.model.id), ticket.model.id)
         self._update_idle()
 
-    def _maybe_abandon_load(self, model: str) -> None:
-        """A load whose waiters all left is given up when other work waits; otherwise it
-        completes and leaves the model loaded for whoever is next."""
-        if self._swapping != model or self._swap_aborted:
+    def _maybe_abandon_load(self, lane: _Lane, model: str) -> None:
+        """A load whose waiters all left is given up when other work waits on its lane;
+        otherwise it completes and leaves the model loaded for whoever is next."""
+        if lane.swapping != model or lane.swap_aborted:
             return
-        if any(t.state is TicketState.LOADING for t in self._running.get(model, ())):
+        if any(t.state is TicketState.LOADING for t in lane.running.get(model, ())):
             return
-        if not self._queue or self._queue.waiting_for(model):
+        queue = self._queue.lane(lane.name)
+        if not queue or queue.waiting_for(model):
             return
         log.info("load abandoned: its requests left and other work waits", extra={"model": model})
-        self._abort_load()
+        self._abort_load(lane)
 
-    def _abort_load(self) -> None:
-        self._swap_aborted = True
-        if self._loading is not None:
-            self._stop_process(self._loading)
+    def _abort_load(self, lane: _Lane) -> None:
+        lane.swap_aborted = True
+        if lane.loading is not None:
+            self._stop_process(lane.loading)
 
     def _refuse(self, ticket: Ticket, outcome: Outcome, error: Refused) -> None:
         """End a ticket that will never be dispatched, with the error its view answers."""
@@ -794,11 +883,12 @@ class Dispatcher:
     def _end_turn(self, ticket: Ticket) -> None:
         was = ticket.state
         ticket.state = TicketState.DONE
-        running = self._running.get(ticket.model.id)
+        lane = self._lanes[ticket.lane]
+        running = lane.running.get(ticket.model.id)
         if running is not None:
             running.discard(ticket)
             if not running:
-                del self._running[ticket.model.id]
+                del lane.running[ticket.model.id]
         now = self._clock()
         self._last_used[ticket.model.id] = now
         if ticket.outcome is Outcome.COMPLETED and ticket.dispatched_at is not None:
@@ -813,78 +903,122 @@ class Dispatcher:
         self._schedule_ttl()
 
     def _update_idle(self) -> None:
-        if not self._tickets and not self._running:
+        if not self._tickets and not any(lane.running for lane in self._lanes.values()):
             self._idle.set()
 
     # -- deciding -----------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Grant whatever may run now. Called after every batch of events."""
-        if self._swapping is not None or self._checking is not None or not self._queue:
+        """Grant whatever may run now, lane by lane. Called after every batch of events."""
+        if not self._queue:
             return
-        if self._fifo:
-            self._dispatch_fifo()
-        elif not self._running:
-            self._start_turn(self._queue.pick(self._clock()))
+        fifo = self._fifo
+        for lane in self._lanes.values():
+            if lane.checking is not None or not self._queue.lane(lane.name):
+                continue
+            if fifo:
+                self._dispatch_fifo(lane)
+            else:
+                self._dispatch_serial(lane)
 
-    def _dispatch_fifo(self) -> None:
-        ready = self._ready_model()
-        if ready is not None:
-            # Requests for the ready model go at once, up to its concurrency limit.
-            limit = self.config.models[ready].concurrency_limit
-            while len(self._running.get(ready, ())) < limit:
-                decision = self._queue.pick(self._clock(), model=ready)
+    def _dispatch_serial(self, lane: _Lane) -> None:
+        """The spec's rule, per lane: one request at a time, picked by score; with
+        ``slots: N`` up to N of the running model's while the lane's best waiting request
+        is for it (:func:`fill_slots`); otherwise the lane drains before it swaps."""
+        now = self._clock()
+        busy = lane.busy()
+        if busy == 0:
+            if lane.swapping is not None:
+                return  # a load nobody waits for any more settles first
+            decision = self._queue.pick(now, lane.name)
+            if decision is None:
+                return
+            self._start_turn(lane, decision)
+            model, busy = decision.model, 1
+        else:
+            model = next(iter(lane.running))
+        slots = self.config.models[model].slots
+        if slots > 1 and busy < slots:
+            for decision in fill_slots(self._queue, lane.name, now, model, busy, slots):
+                self._start_turn(lane, decision)
+
+    def _dispatch_fifo(self, lane: _Lane) -> None:
+        """llama-swap's rule: requests for a ready model go at once, up to its
+        ``concurrencyLimit``; the first request for any other model starts a swap once
+        every model that swap would stop is idle (a busy model is never stopped)."""
+        now = self._clock()
+        for model in list(lane.processes):
+            if not lane.ready(model):
+                continue
+            limit = self.config.models[model].concurrency_limit
+            while len(lane.running.get(model, ())) < limit:
+                decision = self._queue.pick(now, lane.name, model=model)
                 if decision is None:
                     break
-                self._start_turn(decision)
-        if not self._running and self._queue:
-            # Nothing is busy: the best waiting request may swap the model in.
-            self._start_turn(self._queue.pick(self._clock()))
+                self._start_turn(lane, decision)
+        if lane.swapping is not None:
+            return
+        queue = self._queue.lane(lane.name)
+        model = queue.next_model()
+        if model is None or lane.ready(model):
+            return
+        if any(lane.running.get(m) for m in self._evict(model, lane.resident())):
+            return
+        self._start_turn(lane, self._queue.pick(now, lane.name))
 
-    def _start_turn(self, decision: Decision | None) -> None:
+    def _start_turn(self, lane: _Lane, decision: Decision | None) -> None:
         if decision is None:
             return
         ticket = self._tickets.pop(decision.request_id)
         ticket.decision = decision
         ticket.dispatched_at = self._clock()
-        self._running.setdefault(ticket.model.id, set()).add(ticket)
-        if self._ttl_handle is not None:
-            self._ttl_handle.cancel()
-            self._ttl_handle = None
-        if ticket.model.id == self._ready_model():
+        model = ticket.model.id
+        lane.running.setdefault(model, set()).add(ticket)
+        if lane.ready(model):
             self._grant(ticket)
         else:
             ticket.state = TicketState.LOADING
             ticket.swapped = True
-            self._begin_swap(ticket.model)
+            if lane.swapping != model:
+                self._begin_swap(lane, ticket.model)
         if not ticket.extra.get("preload"):
             log.info("dispatch", extra=self._fields(ticket))
             self._notify("on_dispatch", ticket)
 
     def _grant(self, ticket: Ticket) -> None:
+        lane = self._lanes[ticket.lane]
         ticket.state = TicketState.RUNNING
-        ticket.generation = self._generation
+        ticket.generation = lane.generation.get(ticket.model.id, 0)
         ticket.ready_at = self._clock()
         if not ticket.granted.done():
             ticket.granted.set_result(ticket.model.proxy)
 
     # -- swapping -----------------------------------------------------------------------
 
-    def _begin_swap(self, model: ModelConfig) -> None:
-        self._swapping = model.id
-        self._swap_aborted = False
-        self._queue.set_loaded_model(model.id)
-        if self._process is not None:
-            self._stop_process(self._process)
-            self._process = None
-        self._swap_task = asyncio.get_running_loop().create_task(
-            self._swap(model), name=f"swap-{model.id}"
+    def _begin_swap(self, lane: _Lane, model: ModelConfig) -> None:
+        """Start ``model`` on its lane, first stopping what the router says cannot stay
+        loaded beside it (llama-swap's groups or matrix; by default everything else)."""
+        for other in self._evict(model.id, list(lane.processes)):
+            proc = lane.processes.pop(other, None)
+            if proc is not None:
+                self._stop_process(proc)
+        stale = lane.processes.pop(model.id, None)
+        if stale is not None:  # dead at grant (see resend): replaced by a fresh start
+            self._stop_process(stale)
+        lane.swapping = model.id
+        lane.swap_aborted = False
+        self._queue.lane(lane.name).set_loaded_models(lane.resident())
+        lane.swap_task = asyncio.get_running_loop().create_task(
+            self._swap(lane, model), name=f"swap-{model.id}"
         )
+
+    def _loaded_changed(self, lane: _Lane) -> None:
+        self._queue.lane(lane.name).set_loaded_models(lane.resident())
 
     def _stop_process(self, process: ModelProcessLike) -> asyncio.Task[None]:
         """Stop a process in a task of its own, tracked until it is reaped: every start
-        waits for all of these first (see :meth:`_swap`). ``stop()`` is idempotent, so
-        stopping a process twice costs nothing."""
+        on its lane waits for all of these first (see :meth:`_swap`). ``stop()`` is
+        idempotent, so stopping a process twice costs nothing."""
 
         async def stop() -> None:
             self._notify("on_model_state", process.config.id, ModelState.STOPPING)
@@ -896,37 +1030,42 @@ class Dispatcher:
                 self._notify("on_model_state", process.config.id, ModelState.STOPPED)
 
         task = asyncio.get_running_loop().create_task(stop(), name=f"stop-{process.config.id}")
-        self._stops.add(task)
-        task.add_done_callback(self._stops.discard)
+        self._track(self._lane(process.config.id), task)
         return task
 
-    async def _swap(self, model: ModelConfig) -> None:
-        """Start ``model`` once every process being stopped has been reaped. Always ends
-        with a ``_SwapDone`` event (unless cancelled at shutdown), whatever happens."""
+    def _track(self, lane: _Lane, task: asyncio.Task[None]) -> None:
+        lane.stops.add(task)
+        self._stops.add(task)
+        task.add_done_callback(lane.stops.discard)
+        task.add_done_callback(self._stops.discard)
+
+    async def _swap(self, lane: _Lane, model: ModelConfig) -> None:
+        """Start ``model`` once every process of its lane being stopped has been reaped.
+        Always ends with a ``_SwapDone`` event (unless cancelled at shutdown)."""
         started = self._clock()
         process: ModelProcessLike | None = None
         error: ModelStartError | None = None
         try:
-            while self._stops:
-                await asyncio.wait(set(self._stops))
-            if self._swap_aborted:
+            while lane.stops:
+                await asyncio.wait(set(lane.stops))
+            if lane.swap_aborted:
                 raise ModelStartError(model.id, "unloaded while loading")
             process = self._process_factory(model, self.logs, on_exit=self._process_exited)
-            self._loading = process
+            lane.loading = process
             self._notify("on_model_state", model.id, ModelState.STARTING)
-            if self._swap_aborted:
+            if lane.swap_aborted:
                 raise ModelStartError(model.id, "unloaded while loading")
             await process.start()
         except ModelStartError as exc:
             error = exc
         except asyncio.CancelledError:
-            self._loading = None
+            lane.loading = None
             if process is not None:
                 await asyncio.shield(self._stop_process(process))
             raise
         except Exception as exc:  # a spawn failure (bad cmd) is a start failure too
             error = ModelStartError(model.id, str(exc))
-        self._loading = None
+        lane.loading = None
         if error is not None and process is not None:
             self._stop_process(process)
         self._inbox.put_nowait(
@@ -938,11 +1077,12 @@ class Dispatcher:
             self._inbox.put_nowait(_Exited(process))
 
     def _on_swap_done(self, event: _SwapDone) -> None:
-        aborted = self._swap_aborted
-        self._swapping = None
-        self._swap_task = None
-        self._swap_aborted = False
-        loading = [t for t in self._running.get(event.model, ()) if t.state is TicketState.LOADING]
+        lane = self._lane(event.model)
+        aborted = lane.swap_aborted
+        lane.swapping = None
+        lane.swap_task = None
+        lane.swap_aborted = False
+        loading = [t for t in lane.running.get(event.model, ()) if t.state is TicketState.LOADING]
         if event.error is None and aborted and event.process is not None:
             # Given up just as the start succeeded: it goes, like any unloaded process.
             self._stop_process(event.process)
@@ -950,7 +1090,7 @@ class Dispatcher:
                 event.model, None, ModelStartError(event.model, "unloaded while loading"), event.seconds
             )
         if event.error is not None:
-            self._queue.set_loaded_model(None)
+            self._loaded_changed(lane)
             log.warning(
                 "model failed to start", extra={"model": event.model, "cause": event.error.cause}
             )
@@ -967,10 +1107,12 @@ class Dispatcher:
                     self._fail_start(ticket, event.error)
             self._update_idle()
             return
-        self._process = event.process
-        self._generation += 1
+        assert event.process is not None
+        lane.processes[event.model] = event.process
+        lane.generation[event.model] = next(self._generations)
+        self._loaded_changed(lane)
         self._notify("on_model_state", event.model, ModelState.READY)
-        log.info("model ready", extra={"model": event.model, "load_seconds": round(event.seconds, 3)})
+        log.info("model ready", extra={"model": event.model, "lane": lane.name, "load_seconds": round(event.seconds, 3)})
         for ticket in loading:
             ticket.load_seconds = event.seconds
             self._grant(ticket)
@@ -993,13 +1135,14 @@ class Dispatcher:
             self._end_turn(ticket)
 
     def _on_exited(self, process: ModelProcessLike) -> None:
-        if process is self._process:
+        lane = self._lane(process.config.id)
+        if lane.processes.get(process.config.id) is process:
             log.warning(
                 "model process exited",
                 extra={"model": process.config.id, "returncode": process.returncode},
             )
-            self._process = None
-            self._queue.set_loaded_model(None)
+            del lane.processes[process.config.id]
+            self._loaded_changed(lane)
             self._notify("on_model_state", process.config.id, ModelState.STOPPED)
             # Stop it anyway: stop() of an exited process returns once it is reaped, and
             # the tracked stop keeps any successor from starting before then.
@@ -1010,29 +1153,25 @@ class Dispatcher:
         if ticket.state is not TicketState.RUNNING or ticket.outcome is not None:
             return
         model = ticket.model.id
+        lane = self._lanes[ticket.lane]
         ticket.state = TicketState.LOADING
         log.warning("model unreachable at grant; restarting it", extra=self._fields(ticket))
-        if self._swapping == model:
+        if lane.swapping == model:
             return  # granted when the load in progress completes
-        proc = self._process
-        if (
-            proc is not None
-            and proc.config.id == model
-            and proc.state is ModelState.READY
-            and self._generation != ticket.generation
-        ):
+        if lane.ready(model) and lane.generation.get(model) != ticket.generation:
             self._grant(ticket)  # started afresh since this ticket's grant
             return
         ticket.swapped = True
-        self._begin_swap(ticket.model)
+        self._begin_swap(lane, ticket.model)
 
     def _on_suspect(self, event: _Suspect) -> None:
-        proc = self._process
-        if proc is None or proc.config.id != event.model or self._generation != event.generation:
+        lane = self._lane(event.model)
+        proc = lane.processes.get(event.model)
+        if proc is None or lane.generation.get(event.model) != event.generation:
             return  # already gone or replaced
-        if self._checking is not None:
+        if lane.checking is not None:
             return
-        self._checking = proc
+        lane.checking = proc
 
         async def check() -> None:
             with contextlib.suppress(TimeoutError):
@@ -1040,43 +1179,45 @@ class Dispatcher:
             self._inbox.put_nowait(_Checked(proc))
 
         task = asyncio.get_running_loop().create_task(check(), name=f"check-{event.model}")
-        self._stops.add(task)  # tracked like a stop: shutdown waits for it
-        task.add_done_callback(self._stops.discard)
+        self._track(lane, task)  # tracked like a stop: shutdown waits for it
 
     def _on_checked(self, event: _Checked) -> None:
-        if self._checking is event.process:
-            self._checking = None
-        if not event.process.alive and event.process is self._process:
+        lane = self._lane(event.process.config.id)
+        if lane.checking is event.process:
+            lane.checking = None
+        if not event.process.alive and lane.processes.get(event.process.config.id) is event.process:
             # Dead, its exit report not in yet: treat it as exited now.
             self._on_exited(event.process)
 
     def _on_unhealthy(self, event: _Unhealthy) -> None:
-        proc = self._process
-        if proc is None or proc.config.id != event.model or self._generation != event.generation:
+        lane = self._lane(event.model)
+        proc = lane.processes.get(event.model)
+        if proc is None or lane.generation.get(event.model) != event.generation:
             return
-        if self._running.get(event.model):
+        if lane.running.get(event.model):
             return  # others are still being served by it
         log.warning("model stopped answering and failed its health check; stopping it", extra={"model": event.model})
-        self._process = None
-        self._queue.set_loaded_model(None)
+        del lane.processes[event.model]
+        self._loaded_changed(lane)
         self._stop_process(proc)
 
     def _on_unload(self, event: _Unload) -> None:
-        """Stop the targeted models, a load in progress included; ``done`` resolves once
+        """Stop the targeted models, loads in progress included; ``done`` resolves once
         their processes are reaped."""
         targets = event.models
         stops: list[asyncio.Task[None]] = []
-        proc = self._process
-        if proc is not None and (targets is None or proc.config.id in targets):
-            self._process = None
-            self._queue.set_loaded_model(None)
-            stops.append(self._stop_process(proc))
-        if self._swapping is not None and (targets is None or self._swapping in targets):
-            self._swap_aborted = True
-            if self._loading is not None:
-                stops.append(self._stop_process(self._loading))
-            elif self._swap_task is not None:
-                stops.append(self._swap_task)  # it gives up before starting anything
+        for lane in self._lanes.values():
+            for model, proc in list(lane.processes.items()):
+                if targets is None or model in targets:
+                    del lane.processes[model]
+                    stops.append(self._stop_process(proc))
+            if lane.swapping is not None and (targets is None or lane.swapping in targets):
+                lane.swap_aborted = True
+                if lane.loading is not None:
+                    stops.append(self._stop_process(lane.loading))
+                elif lane.swap_task is not None:
+                    stops.append(lane.swap_task)  # it gives up before starting anything
+            self._loaded_changed(lane)
         if not stops:
             if not event.done.done():
                 event.done.set_result(None)
@@ -1091,31 +1232,39 @@ class Dispatcher:
 
     # -- ttl ----------------------------------------------------------------------------
 
+    def _ttl_deadlines(self) -> Iterable[tuple[float, str]]:
+        """(unload time, model) of every idle loaded model with a ttl."""
+        for lane in self._lanes.values():
+            for model, proc in lane.processes.items():
+                if proc.config.ttl > 0 and not lane.running.get(model) and lane.swapping is None:
+                    yield self._last_used.get(model, 0.0) + proc.config.ttl, model
+
     def _schedule_ttl(self) -> None:
-        proc = self._process
-        if proc is None or self._running or self._swapping:
-            return
-        ttl = proc.config.ttl
-        if ttl <= 0:
+        """Keep one timer at the earliest idle-unload time."""
+        deadline = min((at for at, _ in self._ttl_deadlines()), default=None)
+        if deadline == self._ttl_at:
             return
         if self._ttl_handle is not None:
             self._ttl_handle.cancel()
-        self._ttl_handle = asyncio.get_running_loop().call_later(
-            ttl, self._inbox.put_nowait, _Tick()
-        )
+            self._ttl_handle = None
+        self._ttl_at = deadline
+        if deadline is not None:
+            self._ttl_handle = asyncio.get_running_loop().call_later(
+                max(0.0, deadline - self._clock()), self._inbox.put_nowait, _Tick()
+            )
 
     def _on_tick(self) -> None:
         self._ttl_handle = None
-        proc = self._process
-        if proc is None or self._running or self._swapping:
-            return
-        idle = self._clock() - self._last_used.get(proc.config.id, 0.0)
-        if idle + 1e-3 >= proc.config.ttl:
-            log.info("ttl unload", extra={"model": proc.config.id, "idle_seconds": round(idle, 1)})
+        self._ttl_at = None
+        now = self._clock()
+        expired = [model for at, model in self._ttl_deadlines() if at <= now + 1e-3]
+        for model in expired:
+            idle = now - self._last_used.get(model, 0.0)
+            log.info("ttl unload", extra={"model": model, "idle_seconds": round(idle, 1)})
+        if expired:
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._on_unload(_Unload((proc.config.id,), done))
-        else:
-            self._schedule_ttl()
+            self._on_unload(_Unload(tuple(expired), done))
+        self._schedule_ttl()
 
     # -- logging ------------------------------------------------------------------------
 
@@ -1126,6 +1275,7 @@ class Dispatcher:
             "request_id": ticket.request_id,
             "model": ticket.model.id,
             "priority": ticket.priority,
+            "lane": ticket.lane,
         }
         if d is not None:
             fields.update(

@@ -539,12 +539,11 @@ def test_error_message_shows_key_and_value() -> None:
     ("text", "warning"),
     [
         # Top-level llama-swap features llamaswap does not implement.
-        (with_model("", "peers: {p: {proxy: 'http://x', models: [a]}}"), "peers: "),
-        (with_model("", "groups: {g: {members: [m]}}"), "groups: "),
-        (with_model("", "matrix: {sets: {s: m}}"), "matrix: "),
-        (with_model("", "profiles: {p: {pins: {a: m}}}"), "profiles: "),
-        (with_model("", "selectors: {s: {targets: [m]}}"), "selectors: "),
         (with_model("", "sendLoadingState: true"), "sendLoadingState: "),
+        # Unknown keys inside peers, selectors and profiles.
+        (with_model("", "peers: {p: {proxy: 'http://x', models: [a], bogus: 1}}"), "peers.p.bogus: "),
+        (with_model("", "profiles: {p: {pins: {a: m}, bogus: 1}}"), "profiles.p.bogus: "),
+        (with_model("", "selectors: {s: {strategy: pin, targets: [m], bogus: 1}}"), "selectors.s.bogus: "),
         # A key llama-swap does not know either.
         (with_model("", "frobnicate: 1"), "frobnicate: unknown key"),
         # Per model: known to llama-swap but not implemented, or unknown.
@@ -552,9 +551,13 @@ def test_error_message_shows_key_and_value() -> None:
         (with_model("", "upstream: {ignorePaths: [x], extra: 1}"), "upstream.extra: unknown key"),
         (with_model("", "logTimeFormat: iso"), "logTimeFormat: unknown format 'iso'"),
         (with_model("frobnicate: 1"), "models.m.frobnicate: unknown model key"),
-        (with_model("filters: {setParamsByID: {x: {a: 1}}}"), "models.m.filters.setParamsByID: "),
-        # Routing sections other than the scheduler.
-        (with_model("", "routing: {router: {use: group}}"), "routing.router: "),
+        (with_model("filters: {bogus: 1}"), "models.m.filters.bogus: unknown filter"),
+        # Routing: unknown keys, and the router section use does not name.
+        (with_model("", "routing: {router: {use: group, bogus: 1}}"), "routing.router.bogus: "),
+        (
+            with_model("", "routing: {router: {use: group, settings: {matrix: {sets: {s: m}}}}}"),
+            "routing.router.settings.matrix: not used",
+        ),
         (
             with_model("", "routing: {scheduler: {settings: {serial: {bogus: 1}}}}"),
             "routing.scheduler.settings.serial.bogus: unknown key",
@@ -573,9 +576,9 @@ def test_unsupported_keys_warn_once(text: str, warning: str) -> None:
 
 
 def test_ignored_sections_are_not_expanded() -> None:
-    # An env var only a peer uses need not be set: the peers section is ignored whole.
-    config = parse(with_model("", "peers: {p: {apiKey: '${env.NOPE_X}'}}"), {})
-    assert config.warnings[0].startswith("peers: ")
+    # An env var only an ignored section uses need not be set: it is ignored whole.
+    config = parse(with_model("", "ui: {activity: {session_id: ['${env.NOPE_X}']}}"), {})
+    assert config.warnings[0].startswith("ui: ")
 
 
 # --------------------------------------------------------------------------- API keys
@@ -1295,7 +1298,7 @@ peers:
 
 
 def test_realistic_llama_swap_config_loads() -> None:
-    config = parse(LLAMA_SWAP_EXAMPLE, {"HOME": "/home/u"})
+    config = parse(LLAMA_SWAP_EXAMPLE, {"HOME": "/home/u", "OPENROUTER_API_KEY": "sk-or"})
     gpt = config.models["gpt-oss-120b"]
     # Ports by sorted id: docker-llama, gpt-oss-120b (its cmd uses ${PORT} via a macro),
     # unlisted-model.
@@ -1329,8 +1332,11 @@ def test_realistic_llama_swap_config_loads() -> None:
     assert [w.split(":")[0] for w in config.warnings] == [
         "metricsMaxInMemory",
         "sendLoadingState",
-        "peers",
-        "routing.router",
+    ]
+    assert config.peer_routes["z-ai/glm-4.7"].peer.api_key == "sk-or"
+    assert [(g.name, g.members) for g in config.router.groups] == [
+        ("group1", ("docker-llama", "unlisted-model")),
+        ("(default)", ("gpt-oss-120b",)),
     ]
     assert gpt.timeouts == ModelTimeouts(connect=30)
     assert config.api_keys == {"sk-hunter2": ApiKey("key-1")}
@@ -1371,7 +1377,7 @@ def test_example_config_commented_scheduler_section_is_true() -> None:
 
 
 BAD_TTL = "models:\n  qwen:\n    cmd: server ${PORT}\n    ttl: -5\n"
-WITH_WARNINGS = "peers: {}\ngroups: {}\n" + MINIMAL
+WITH_WARNINGS = "ui: {}\nlogRequests: true\n" + MINIMAL
 
 
 @pytest.mark.parametrize(
@@ -1387,7 +1393,7 @@ WITH_WARNINGS = "peers: {}\ngroups: {}\n" + MINIMAL
         # A file-level error: the message carries the line.
         ("models: [\n", [("llamaswap.E001", "YAML syntax error at line 2")]),
         # One W001 per ignored key.
-        (WITH_WARNINGS, [("llamaswap.W001", "peers: "), ("llamaswap.W001", "groups: ")]),
+        (WITH_WARNINGS, [("llamaswap.W001", "ui: "), ("llamaswap.W001", "logRequests: ")]),
     ],
 )
 def test_check_config(
@@ -1429,7 +1435,7 @@ def test_manage_py_check_reports_warnings(settings: Any, tmp_path: Path) -> None
     call_command("check", stdout=out, stderr=err)
     output = out.getvalue() + err.getvalue()
     assert output.count("llamaswap.W001") == 2
-    assert "peers" in output
+    assert "logRequests" in output
 
 
 # --------------------------------------------------------------------------- smaller llama-swap keys

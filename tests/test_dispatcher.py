@@ -81,7 +81,7 @@ async def test_a_swap_stops_the_loaded_model_before_starting_the_next(world):
         ("ready", "b"),
     ]
     assert t2.swapped and t2.decision.needs_swap
-    assert d.running_models() == [{"model": "b", "state": "ready"}]
+    assert d.running_models() == [{"model": "b", "state": "ready", "lane": "default"}]
 
 
 async def test_a_model_that_fails_to_start_fails_its_request_and_the_next_one_tries_again(world):

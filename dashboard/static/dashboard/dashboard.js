@@ -75,13 +75,23 @@
     var state = $("#gpu .state");
     state.textContent = snap.model.state;
     state.className = "state state-" + snap.model.state;
+    var lanes = (snap.lanes || []).map(function (l) {
+      var loaded = l.loaded.map(function (m) {
+        return esc(m.model) + ' <span class="state state-' + esc(m.state) + '">' + esc(m.state) + "</span>";
+      }).join(" ") || "nothing loaded";
+      return '<div class="lane" data-lane="' + esc(l.lane) + '"><strong>lane ' + esc(l.lane) + "</strong> " +
+        '<span class="lane-loaded">' + loaded + '</span> · <span class="lane-running">' + l.running +
+        '</span> running · <span class="lane-waiting">' + l.waiting + "</span> waiting</div>";
+    });
+    var box = $("#lanes");
+    if (box) box.innerHTML = lanes.join("");
     var rows = snap.running.map(function (j) {
-      return "<tr><td>" + rid(j.request_id) + "</td><td>" + esc(j.model) + "</td><td>" + tag(j.band) +
+      return "<tr><td>" + rid(j.request_id) + "</td><td>" + esc(j.model) + "</td><td>" + esc(j.lane) + "</td><td>" + tag(j.band) +
         '</td><td class="n">' + j.priority + "</td><td>" + esc(j.state) + '</td><td class="n">' +
         secs(j.elapsed) + "</td></tr>";
     });
     $("#running-rows").innerHTML = rows.join("") ||
-      '<tr class="empty"><td colspan="6">idle — nothing running</td></tr>';
+      '<tr class="empty"><td colspan="7">idle — nothing running</td></tr>';
   }
 
   function renderSettings(snap) {
@@ -100,12 +110,12 @@
   function renderWaiting(snap) {
     var rows = snap.waiting.map(function (w) {
       return '<tr><td class="n">' + w.rank + "</td><td>" + rid(w.request_id) + "</td><td>" + esc(w.model) +
-        "</td><td>" + tag(w.band) + '</td><td class="n">' + w.priority + '</td><td class="n">' +
+        "</td><td>" + esc(w.lane) + "</td><td>" + tag(w.band) + '</td><td class="n">' + w.priority + '</td><td class="n">' +
         num(w.affinity) + '</td><td class="n">' + num(w.aging) + '</td><td class="n score">' +
         num(w.score) + '</td><td class="n">' + secs(w.wait) + "</td></tr>";
     });
     $("#waiting-rows").innerHTML = rows.join("") ||
-      '<tr class="empty"><td colspan="9">nothing waiting</td></tr>';
+      '<tr class="empty"><td colspan="10">nothing waiting</td></tr>';
     setText("#waiting .waiting-count",
       snap.depth > snap.waiting_shown ? "showing " + snap.waiting_shown + " of " + snap.depth : String(snap.depth));
   }
