@@ -11,6 +11,7 @@ from bench import machine, write_section
 # Add a module here to have `make bench` run it (see bench/__init__.py).
 MODULES = [
     "bench.bench_queue",
+    "bench.bench_lanes",
     "bench.bench_dispatch_gap",
     "bench.bench_proxy",
 ]

@@ -242,6 +242,7 @@ def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
     ahead_rows = list(
         _records()
         .filter(dispatched_at__isnull=False, dispatched_at__lt=end, finished_at__gt=mine.arrived_at)
+        .filter(lane=mine.lane)  # other lanes (GPUs) never held it up
         .exclude(pk=mine.pk)
         .order_by("dispatched_at", "id")
     )

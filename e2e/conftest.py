@@ -154,9 +154,16 @@ def llamaswap(
     """
     started: list[Llamaswap] = []
 
-    def start(models: dict[str, list[str]], extra: dict | None = None, **kwargs) -> Llamaswap:
+    def start(
+        models: dict[str, list[str]],
+        extra: dict | None = None,
+        keys: dict[str, dict] | None = None,
+        **kwargs,
+    ) -> Llamaswap:
+        """``keys``: more config keys per model id (``{"tiny-p": {"slots": 4}}``)."""
         entries = {
             model_id: llama_model(llama_server_bin, model_dir / f"{spec[0]}.gguf", *spec[1:])
+            | (keys or {}).get(model_id, {})
             for model_id, spec in models.items()
         }
         config = {"startPort": free_port_block(len(entries)), "healthCheckTimeout": 60}

@@ -239,6 +239,49 @@ def test_four_concurrent_streams_on_a_parallel_4_model(llamaswap):
         assert when(after["dispatched_at"]) >= when(before["finished_at"]), (before, after)
 
 
+def test_slots_4_on_a_parallel_4_model_serves_four_streams_at_once(llamaswap):
+    swap = llamaswap(
+        {"tiny-p": ["tiny-a", "-c", "2048", "--parallel", "4"]}, keys={"tiny-p": {"slots": 4}}
+    )
+
+    async def stream(client: AsyncOpenAI, n: int):
+        chunks = await client.chat.completions.create(
+            model="tiny-p",
+            messages=[{"role": "user", "content": f"stream number {n}"}],
+            max_tokens=400,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        pieces, finish, usage = [], None, None
+        async for chunk in chunks:
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                pieces.append(choice.delta.content or "")
+                finish = choice.finish_reason or finish
+        return "".join(pieces), finish, usage
+
+    async def scenario():
+        async with AsyncOpenAI(
+            base_url=swap.url + "/v1", api_key="unused", max_retries=0, timeout=120
+        ) as client:
+            await stream(client, -1)  # load the model first: the four then start together
+            return await asyncio.gather(*(stream(client, n) for n in range(4)))
+
+    results = asyncio.run(scenario())
+    for text, finish, usage in results:
+        assert finish == "length"
+        assert usage is not None and usage.completion_tokens == 400
+        assert PRINTABLE.fullmatch(text), text
+    rows = [r for r in swap.activity(5).values() if r["path"] == "/v1/chat/completions"]
+    rows = sorted(rows, key=lambda row: when(row["arrived_at"]))[1:]
+    assert len(rows) == 4 and all(r["outcome"] == "completed" for r in rows), rows
+    # slots: 4 on a --parallel 4 server: all four were dispatched before any finished,
+    # i.e. llama-server's four slots decoded them side by side.
+    first_end = min(when(r["finished_at"]) for r in rows)
+    assert all(when(r["dispatched_at"]) < first_end for r in rows), rows
+
+
 def test_sigterm_finishes_the_running_stream_and_leaves_no_process(llamaswap):
     swap = llamaswap({"tiny-a": ["tiny-a", *FLAGS]}, grace=60)
     ask(swap.url, "tiny-a")

@@ -133,6 +133,7 @@ def test_running_job_elapsed_and_decision_row():
         {
             "request_id": "r1",
             "model": "a",
+            "lane": "default",
             "band": "batch",
             "priority": -100,
             "state": "running",

@@ -223,3 +223,42 @@ async def test_unload_of_one_lane_leaves_the_other_loaded(world):
         d.finish(t, Outcome.COMPLETED, 200)
     await d.unload(["a"])
     assert d.model_states() == {"b": ModelState.READY}
+
+
+async def test_the_queue_api_metrics_and_records_show_each_requests_lane():
+    import json
+
+    from activity.metrics import export
+    from activity.recorder import record_fields
+    from tests.asgi import Call, Gate, in_process
+
+    gate = Gate()
+    cfg = config("m", "n", "x", lanes={"gpu0": ["m", "n"], "gpu1": ["x"]})
+
+    def chat(model):
+        return json.dumps({"model": model, "messages": [{"role": "user", "content": model}]}).encode()
+
+    async with in_process(cfg, transport=gate) as world:
+        running = Call(world.app, "/v1/chat/completions", chat("m"))
+        await until(lambda: len(world.dispatcher.in_flight()) == 1)
+        waiting = Call(world.app, "/v1/chat/completions", chat("n"))
+        other = Call(world.app, "/v1/chat/completions", chat("x"))
+        await until(lambda: len(world.dispatcher.in_flight()) == 2 and len(world.dispatcher.queue) == 1)
+        api = Call(world.app, "/api/queue", b"", method="GET")
+        await api.done()
+        state = json.loads(api.body)
+        assert [(w["model"], w["lane"], w["position"]) for w in state["waiting"]] == [("n", "gpu0", 1)]
+        assert sorted((r["model"], r["lane"]) for r in state["running"]) == [("m", "gpu0"), ("x", "gpu1")]
+        assert {lane["lane"]: (lane["running"], lane["waiting"]) for lane in state["lanes"]} == {
+            "gpu0": (1, 1),
+            "gpu1": (1, 0),
+        }
+        metrics = export().decode()
+        assert 'llamaswap_lane_queue_depth{band="normal",lane="gpu0"} 1.0' in metrics
+        assert 'llamaswap_lane_running{lane="gpu1"} 1.0' in metrics
+        ticket = next(t for t in world.dispatcher.in_flight() if t.model.id == "x")
+        assert record_fields(ticket, world.dispatcher.settings, world.dispatcher.now())["lane"] == "gpu1"
+        gate.open.set()
+        for call in (running, waiting, other):
+            await call.done()
+            assert call.status == 200
