@@ -262,3 +262,24 @@ async def test_the_queue_api_metrics_and_records_show_each_requests_lane():
         for call in (running, waiting, other):
             await call.done()
             assert call.status == 200
+
+
+async def test_the_matrix_router_keeps_a_set_together_and_evicts_the_cheapest_way(world):
+    raw = {
+        "models": {m: {"cmd": "fake", "proxy": f"http://127.0.0.1:{9000 + i}"} for i, m in enumerate("abc")},
+        "routing": {
+            "router": {
+                "use": "matrix",
+                "settings": {"matrix": {"evict_costs": {"a": 5}, "sets": {"pair": "a & b", "alt": "a & c"}}},
+            }
+        },
+    }
+    d, factory = await world(parse_config(raw))
+    for model in ("a", "b", "c"):
+        t = submit(d, model, 0, model)
+        await granted(t)
+        d.finish(t, Outcome.COMPLETED, 200)
+        await settle()
+    # a and b ran side by side (set "pair"); c's only set is "alt" (a & c): b goes, a stays.
+    assert d.model_states() == {"a": ModelState.READY, "c": ModelState.READY}
+    assert ("stop", "a") not in factory.journal and ("stop", "b") in factory.journal
