@@ -96,9 +96,25 @@ def chat(stream: bool) -> bytes:
     return json.dumps({"model": "m", "stream": stream, "messages": []}).encode()
 
 
+SHAPES = {
+    "one lane": {"models": {"m": {"cmd": "fake", "proxy": "http://model.invalid:9000"}}},
+    # The same, with m on a named lane of two.
+    "named lane": {
+        "models": {
+            "m": {"cmd": "fake", "proxy": "http://model.invalid:9000"},
+            "other": {"cmd": "fake", "proxy": "http://model.invalid:9001"},
+        },
+        "routing": {"scheduler": {"settings": {"serial": {"lanes": {"gpu1": ["m"], "gpu0": ["other"]}}}}},
+    },
+    # m served with two slots (a second request would run beside the first, so there is
+    # no "queued" point behind one blocker: see test_with_slots_a_fault_ends_the_turn).
+    "2 slots": {"models": {"m": {"cmd": "fake", "proxy": "http://model.invalid:9000", "slots": 2}}},
+}
+
+
 @pytest.fixture
-async def proxy():
-    config = parse_config({"models": {"m": {"cmd": "fake", "proxy": "http://model.invalid:9000"}}})
+async def proxy(request):
+    config = parse_config(SHAPES[getattr(request, "param", "one lane")])
     upstream = Upstream()
     async with in_process(config, transport=upstream) as world:
         world.upstream = upstream
@@ -132,8 +148,19 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("proxy", ["one lane", "named lane"], indirect=True)
 @pytest.mark.parametrize(("point", "fault", "stream"), CASES)
 async def test_a_fault_at_any_point_ends_the_turn(proxy, monkeypatch, point, fault, stream):
+    await fault_ends_the_turn(proxy, monkeypatch, point, fault, stream)
+
+
+@pytest.mark.parametrize("proxy", ["2 slots"], indirect=True)
+@pytest.mark.parametrize(("point", "fault", "stream"), [c for c in CASES if c[0] != "queued"])
+async def test_with_slots_a_fault_ends_the_turn(proxy, monkeypatch, point, fault, stream):
+    await fault_ends_the_turn(proxy, monkeypatch, point, fault, stream)
+
+
+async def fault_ends_the_turn(proxy, monkeypatch, point, fault, stream):
     upstream, dispatcher, factory = proxy.upstream, proxy.dispatcher, proxy.factory
     blocker = None
     if point == "queued":
