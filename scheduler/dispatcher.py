@@ -210,6 +210,7 @@ class _SwapDone:
     process: ModelProcessLike | None
     error: ModelStartError | None
     seconds: float
+    lane: str
 
 
 @dataclass
@@ -248,6 +249,7 @@ class _Resend:
 class _Suspect:
     model: str
     generation: int
+    lane: str
 
 
 @dataclass
@@ -259,6 +261,7 @@ class _Checked:
 class _Unhealthy:
     model: str
     generation: int
+    lane: str
 
 
 @dataclass
@@ -269,6 +272,26 @@ class _Stop:
 @dataclass
 class _Drain:
     pass
+
+
+@dataclass
+class _Reload:
+    config: Config
+    source: str | None
+    done: asyncio.Future[ReloadReport]
+
+
+@dataclass(frozen=True)
+class ReloadReport:
+    """What a reload changed (model ids)."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    """Served what they had waiting, then stopped."""
+    changed: tuple[str, ...] = ()
+    """Restarted with the new definition: stopped once idle, started by their next request."""
+    kept: tuple[str, ...] = ()
+    """Unchanged: a loaded one keeps running (same process)."""
 
 
 @dataclass(eq=False)
@@ -295,13 +318,21 @@ class _Lane:
     stops: set[asyncio.Task[None]] = field(default_factory=set)
     """This lane's processes being stopped: no process of the lane starts before these
     are reaped, so a replaced model is gone before its successor exists (VRAM, ports)."""
+    stale: set[str] = field(default_factory=set)
+    """Loaded models whose definition changed in a reload (or that moved to another
+    lane): they take no new request and are stopped once their running ones end."""
 
     def busy(self) -> int:
         return sum(len(t) for t in self.running.values())
 
     def ready(self, model: str) -> bool:
         proc = self.processes.get(model)
-        return proc is not None and proc.state is ModelState.READY and self.swapping != model
+        return (
+            proc is not None
+            and proc.state is ModelState.READY
+            and self.swapping != model
+            and model not in self.stale
+        )
 
     def resident(self) -> list[str]:
         """Models loaded or loading on this lane."""
@@ -369,6 +400,10 @@ class Dispatcher:
         self._last_used: dict[str, float] = {}
         self._ttl_handle: asyncio.TimerHandle | None = None
         self._ttl_at: float | None = None
+        self._retired: dict[str, ModelConfig] = {}
+        """Models a reload removed, by id, until what they had waiting has been served."""
+        self._retiring = False
+        """A reload left removed or changed models to stop once idle (see :meth:`_retire`)."""
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -465,12 +500,12 @@ class Dispatcher:
         stream cut): it may be dying. Before the next request goes to it, give its exit
         :data:`SUSPECT_WAIT` seconds to show; a request sent into a dying process's listen
         backlog is reset, and such a request may have reached it, so it is never resent."""
-        self._inbox.put_nowait(_Suspect(ticket.model.id, ticket.generation))
+        self._inbox.put_nowait(_Suspect(ticket.model.id, ticket.generation, ticket.lane))
 
     def unhealthy(self, ticket: Ticket) -> None:
         """The model this ticket was granted to stopped answering and failed its health
         check: stop it (the next request for it starts it afresh)."""
-        self._inbox.put_nowait(_Unhealthy(ticket.model.id, ticket.generation))
+        self._inbox.put_nowait(_Unhealthy(ticket.model.id, ticket.generation, ticket.lane))
 
     def _owner_gone(self, ticket: Ticket, _ref: weakref.ref[Any]) -> None:
         self._abandoned(ticket)
@@ -510,6 +545,21 @@ class Dispatcher:
             self._inbox.put_nowait(event)
         else:
             loop.call_soon_threadsafe(self._inbox.put_nowait, event)
+
+    async def reload(self, config: Config, source: str | None = None) -> ReloadReport:
+        """Put a new config in force without losing the queue (SIGHUP, ``--watch-config``).
+
+        Waiting requests stay queued (on their model's lane in the new config); running
+        ones finish. An unchanged model keeps its process; a changed one (or one moved to
+        another lane) takes no new request, is stopped once its running requests end, and
+        starts with its new definition when next needed; a removed one serves what it
+        had waiting, then stops (new requests for it are the views' 404). ``config`` is
+        already valid: a config with errors never gets here. ``source`` describes where
+        its scheduler settings came from (admin overrides, see the ``serve`` command).
+        """
+        done: asyncio.Future[ReloadReport] = asyncio.get_running_loop().create_future()
+        self._inbox.put_nowait(_Reload(config, source, done))
+        return await done
 
     async def unload(self, models: Iterable[str] | None = None) -> None:
         """Stop the given models (all when None); returns when their processes are gone."""
@@ -638,7 +688,7 @@ class Dispatcher:
                 with contextlib.suppress(BaseException):
                     await lane.swap_task
             for proc in lane.processes.values():
-                self._stop_process(proc)
+                self._stop_process(lane, proc)
             lane.processes.clear()
         while self._stops:
             await asyncio.wait(set(self._stops))
@@ -677,6 +727,8 @@ class Dispatcher:
                 self._dispatch()
                 if self._max_wait:
                     self._arm_expiry()
+                if self._retiring:
+                    self._retire()
             except Exception:  # never let one bad decision kill the loop
                 log.exception("dispatch failed")
 
@@ -713,6 +765,8 @@ class Dispatcher:
                 self._on_unhealthy(event)
             elif isinstance(event, _Drain):
                 self._on_drain()
+            elif isinstance(event, _Reload):
+                self._on_reload(event)
         except Exception:
             log.exception("dispatcher event failed", extra={"event": type(event).__name__})
 
@@ -729,6 +783,13 @@ class Dispatcher:
 
     def _lane(self, model: str) -> _Lane:
         return self._lanes[self._queue.lane_for(model)]
+
+    def _model(self, model: str) -> ModelConfig:
+        """A model's definition: the config's, or a removed one's still being drained."""
+        found = self.config.models.get(model) or self._retired.get(model)
+        if found is None:
+            raise KeyError(model)
+        return found
 
     def _on_arrived(self, ticket: Ticket) -> None:
         model = ticket.model.id
@@ -778,7 +839,7 @@ class Dispatcher:
             was_loading = ticket.state is TicketState.LOADING
             self._end_turn(ticket)
             if was_loading:
-                self._maybe_abandon_load(self._lane(ticket.model.id), ticket.model.id)
+                self._maybe_abandon_load(self._lanes[ticket.lane], ticket.model.id)
         self._update_idle()
 
     def _maybe_abandon_load(self, lane: _Lane, model: str) -> None:
@@ -797,7 +858,7 @@ class Dispatcher:
     def _abort_load(self, lane: _Lane) -> None:
         lane.swap_aborted = True
         if lane.loading is not None:
-            self._stop_process(lane.loading)
+            self._stop_process(lane, lane.loading)
 
     def _refuse(self, ticket: Ticket, outcome: Outcome, error: Refused) -> None:
         """End a ticket that will never be dispatched, with the error its view answers."""
@@ -902,6 +963,80 @@ class Dispatcher:
             self._notify("on_finish", ticket)
         self._schedule_ttl()
 
+    def _on_reload(self, event: _Reload) -> None:
+        old, new = self.config, event.config
+        added = tuple(m for m in new.models if m not in old.models)
+        removed = tuple(m for m in old.models if m not in new.models)
+        changed = tuple(
+            m
+            for m in new.models
+            if m in old.models
+            and (new.models[m] != old.models[m] or new.lane_of.get(m) != old.lane_of.get(m))
+        )
+        kept = tuple(m for m in new.models if m in old.models and m not in changed)
+        for model in removed:
+            self._retired[model] = old.models[model]
+        for model in added:
+            self._retired.pop(model, None)
+        # Removed models keep their lane until they are drained.
+        lane_of = {m: self._queue.lane_for(m) for m in self._retired} | dict(new.lane_of)
+        queue = LaneQueues(new.scheduler, lane_of, new.lanes)
+        for name in queue.names:
+            self._lanes.setdefault(name, _Lane(name))
+        for ticket in self._tickets.values():  # arrival order: dicts keep insertion order
+            if ticket.model.id in new.models:
+                ticket.model = new.models[ticket.model.id]
+            ticket.lane = queue.add(
+                QueuedRequest(ticket.request_id, ticket.model.id, ticket.priority, ticket.arrival)
+            )
+        self.config = new
+        self._evict = new.router.evict
+        self._queue = queue
+        for lane in self._lanes.values():
+            for model in [*lane.processes, *([lane.swapping] if lane.swapping else [])]:
+                if model in changed or (model in new.models and lane_of.get(model) != lane.name):
+                    lane.stale.add(model)
+            queue.lane(lane.name).set_loaded_models(lane.resident())
+        self._retiring = True
+        if new.scheduler != old.scheduler:
+            self.settings_source = event.source or self.settings_source
+            self._notify("on_settings", new.scheduler, self.settings_source)
+        report = ReloadReport(added, removed, changed, kept)
+        log.info(
+            "config reloaded",
+            extra={"added": list(added), "removed": list(removed), "changed": list(changed), "kept": len(kept)},
+        )
+        if not event.done.done():
+            event.done.set_result(report)
+
+    def _retire(self) -> None:
+        """Stop what a reload left behind once it is idle: changed models with nothing
+        running, removed ones with nothing waiting or running."""
+        pending = False
+        for lane in self._lanes.values():
+            for model in list(lane.stale):
+                if lane.running.get(model) or lane.swapping == model:
+                    pending = True
+                    continue
+                lane.stale.discard(model)
+                proc = lane.processes.pop(model, None)
+                if proc is not None:
+                    log.info("stopping a model whose definition changed", extra={"model": model})
+                    self._stop_process(lane, proc)
+                    self._loaded_changed(lane)
+        for model in list(self._retired):
+            lane = self._lanes[self._queue.lane_for(model)]
+            if self._queue.waiting_for(model) or lane.running.get(model) or lane.swapping == model:
+                pending = True
+                continue
+            del self._retired[model]
+            proc = lane.processes.pop(model, None)
+            if proc is not None:
+                log.info("stopping a model the config no longer has", extra={"model": model})
+                self._stop_process(lane, proc)
+                self._loaded_changed(lane)
+        self._retiring = pending
+
     def _update_idle(self) -> None:
         if not self._tickets and not any(lane.running for lane in self._lanes.values()):
             self._idle.set()
@@ -937,8 +1072,8 @@ class Dispatcher:
             model, busy = decision.model, 1
         else:
             model = next(iter(lane.running))
-        slots = self.config.models[model].slots
-        if slots > 1 and busy < slots:
+        slots = self._model(model).slots
+        if slots > 1 and busy < slots and model not in lane.stale:
             for decision in fill_slots(self._queue, lane.name, now, model, busy, slots):
                 self._start_turn(lane, decision)
 
@@ -950,7 +1085,7 @@ class Dispatcher:
         for model in list(lane.processes):
             if not lane.ready(model):
                 continue
-            limit = self.config.models[model].concurrency_limit
+            limit = self._model(model).concurrency_limit
             while len(lane.running.get(model, ())) < limit:
                 decision = self._queue.pick(now, lane.name, model=model)
                 if decision is None:
@@ -959,10 +1094,10 @@ class Dispatcher:
         if lane.swapping is not None:
             return
         queue = self._queue.lane(lane.name)
-        model = queue.next_model()
-        if model is None or lane.ready(model):
-            return
-        if any(lane.running.get(m) for m in self._evict(model, lane.resident())):
+        nxt = queue.next_model()
+        if nxt is None or lane.ready(nxt) or lane.running.get(nxt):
+            return  # (a model with running requests but not ready: changed, draining)
+        if any(lane.running.get(m) for m in self._evict(nxt, lane.resident())):
             return
         self._start_turn(lane, self._queue.pick(now, lane.name))
 
@@ -1001,10 +1136,11 @@ class Dispatcher:
         for other in self._evict(model.id, list(lane.processes)):
             proc = lane.processes.pop(other, None)
             if proc is not None:
-                self._stop_process(proc)
+                self._stop_process(lane, proc)
         stale = lane.processes.pop(model.id, None)
-        if stale is not None:  # dead at grant (see resend): replaced by a fresh start
-            self._stop_process(stale)
+        if stale is not None:  # dead at grant (see resend), or its definition changed
+            self._stop_process(lane, stale)
+        lane.stale.discard(model.id)
         lane.swapping = model.id
         lane.swap_aborted = False
         self._queue.lane(lane.name).set_loaded_models(lane.resident())
@@ -1015,7 +1151,7 @@ class Dispatcher:
     def _loaded_changed(self, lane: _Lane) -> None:
         self._queue.lane(lane.name).set_loaded_models(lane.resident())
 
-    def _stop_process(self, process: ModelProcessLike) -> asyncio.Task[None]:
+    def _stop_process(self, lane: _Lane, process: ModelProcessLike) -> asyncio.Task[None]:
         """Stop a process in a task of its own, tracked until it is reaped: every start
         on its lane waits for all of these first (see :meth:`_swap`). ``stop()`` is
         idempotent, so stopping a process twice costs nothing."""
@@ -1030,7 +1166,7 @@ class Dispatcher:
                 self._notify("on_model_state", process.config.id, ModelState.STOPPED)
 
         task = asyncio.get_running_loop().create_task(stop(), name=f"stop-{process.config.id}")
-        self._track(self._lane(process.config.id), task)
+        self._track(lane, task)
         return task
 
     def _track(self, lane: _Lane, task: asyncio.Task[None]) -> None:
@@ -1046,8 +1182,11 @@ class Dispatcher:
         process: ModelProcessLike | None = None
         error: ModelStartError | None = None
         try:
-            while lane.stops:
-                await asyncio.wait(set(lane.stops))
+            # This lane's stops, and the model's own anywhere (a reload can move a model
+            # to another lane: its old process must be gone before the new one starts).
+            name = f"stop-{model.id}"
+            while pending := lane.stops | {t for t in self._stops if t.get_name() == name}:
+                await asyncio.wait(pending)
             if lane.swap_aborted:
                 raise ModelStartError(model.id, "unloaded while loading")
             process = self._process_factory(model, self.logs, on_exit=self._process_exited)
@@ -1061,15 +1200,15 @@ class Dispatcher:
         except asyncio.CancelledError:
             lane.loading = None
             if process is not None:
-                await asyncio.shield(self._stop_process(process))
+                await asyncio.shield(self._stop_process(lane, process))
             raise
         except Exception as exc:  # a spawn failure (bad cmd) is a start failure too
             error = ModelStartError(model.id, str(exc))
         lane.loading = None
         if error is not None and process is not None:
-            self._stop_process(process)
+            self._stop_process(lane, process)
         self._inbox.put_nowait(
-            _SwapDone(model.id, None if error else process, error, self._clock() - started)
+            _SwapDone(model.id, None if error else process, error, self._clock() - started, lane.name)
         )
 
     def _process_exited(self, process: ModelProcessLike) -> None:
@@ -1077,7 +1216,7 @@ class Dispatcher:
             self._inbox.put_nowait(_Exited(process))
 
     def _on_swap_done(self, event: _SwapDone) -> None:
-        lane = self._lane(event.model)
+        lane = self._lanes[event.lane]
         aborted = lane.swap_aborted
         lane.swapping = None
         lane.swap_task = None
@@ -1085,9 +1224,9 @@ class Dispatcher:
         loading = [t for t in lane.running.get(event.model, ()) if t.state is TicketState.LOADING]
         if event.error is None and aborted and event.process is not None:
             # Given up just as the start succeeded: it goes, like any unloaded process.
-            self._stop_process(event.process)
+            self._stop_process(lane, event.process)
             event = _SwapDone(
-                event.model, None, ModelStartError(event.model, "unloaded while loading"), event.seconds
+                event.model, None, ModelStartError(event.model, "unloaded while loading"), event.seconds, lane.name
             )
         if event.error is not None:
             self._loaded_changed(lane)
@@ -1134,9 +1273,16 @@ class Dispatcher:
         else:
             self._end_turn(ticket)
 
+    def _holder(self, process: ModelProcessLike) -> _Lane | None:
+        """The lane whose loaded processes include ``process`` (None: no longer loaded)."""
+        for lane in self._lanes.values():
+            if lane.processes.get(process.config.id) is process:
+                return lane
+        return None
+
     def _on_exited(self, process: ModelProcessLike) -> None:
-        lane = self._lane(process.config.id)
-        if lane.processes.get(process.config.id) is process:
+        lane = self._holder(process)
+        if lane is not None:
             log.warning(
                 "model process exited",
                 extra={"model": process.config.id, "returncode": process.returncode},
@@ -1146,7 +1292,7 @@ class Dispatcher:
             self._notify("on_model_state", process.config.id, ModelState.STOPPED)
             # Stop it anyway: stop() of an exited process returns once it is reaped, and
             # the tracked stop keeps any successor from starting before then.
-            self._stop_process(process)
+            self._stop_process(lane, process)
 
     def _on_resend(self, ticket: Ticket) -> None:
         """See :meth:`resend`: the process this ticket was granted to is dead."""
@@ -1165,7 +1311,7 @@ class Dispatcher:
         self._begin_swap(lane, ticket.model)
 
     def _on_suspect(self, event: _Suspect) -> None:
-        lane = self._lane(event.model)
+        lane = self._lanes[event.lane]
         proc = lane.processes.get(event.model)
         if proc is None or lane.generation.get(event.model) != event.generation:
             return  # already gone or replaced
@@ -1182,15 +1328,15 @@ class Dispatcher:
         self._track(lane, task)  # tracked like a stop: shutdown waits for it
 
     def _on_checked(self, event: _Checked) -> None:
-        lane = self._lane(event.process.config.id)
-        if lane.checking is event.process:
-            lane.checking = None
-        if not event.process.alive and lane.processes.get(event.process.config.id) is event.process:
+        for lane in self._lanes.values():
+            if lane.checking is event.process:
+                lane.checking = None
+        if not event.process.alive and self._holder(event.process) is not None:
             # Dead, its exit report not in yet: treat it as exited now.
             self._on_exited(event.process)
 
     def _on_unhealthy(self, event: _Unhealthy) -> None:
-        lane = self._lane(event.model)
+        lane = self._lanes[event.lane]
         proc = lane.processes.get(event.model)
         if proc is None or lane.generation.get(event.model) != event.generation:
             return
@@ -1199,7 +1345,7 @@ class Dispatcher:
         log.warning("model stopped answering and failed its health check; stopping it", extra={"model": event.model})
         del lane.processes[event.model]
         self._loaded_changed(lane)
-        self._stop_process(proc)
+        self._stop_process(lane, proc)
 
     def _on_unload(self, event: _Unload) -> None:
         """Stop the targeted models, loads in progress included; ``done`` resolves once
@@ -1210,11 +1356,11 @@ class Dispatcher:
             for model, proc in list(lane.processes.items()):
                 if targets is None or model in targets:
                     del lane.processes[model]
-                    stops.append(self._stop_process(proc))
+                    stops.append(self._stop_process(lane, proc))
             if lane.swapping is not None and (targets is None or lane.swapping in targets):
                 lane.swap_aborted = True
                 if lane.loading is not None:
-                    stops.append(self._stop_process(lane.loading))
+                    stops.append(self._stop_process(lane, lane.loading))
                 elif lane.swap_task is not None:
                     stops.append(lane.swap_task)  # it gives up before starting anything
             self._loaded_changed(lane)
