@@ -150,6 +150,7 @@ class LiveObserver:
             kind="snapshot" if full else "update",
             lanes=lane_rows(dispatcher.lanes()),
             lane_of=queue.lane_for,
+            config_status=_config_status(),
         )
 
     def take_sample(self) -> None:
@@ -217,3 +218,13 @@ class LiveObserver:
             except Exception:
                 log.exception("dashboard update failed")
             last_send = loop.time()
+
+
+def _config_status() -> dict[str, Any] | None:
+    """The last config reload's outcome (``llamaswap_site.reload``), when serving."""
+    from scheduler import runtime
+
+    if not runtime.is_running():
+        return None
+    reloader = runtime.current().reloader
+    return reloader.status.as_dict() if reloader is not None else None

@@ -124,6 +124,7 @@ def build_snapshot(
     kind: str = "snapshot",
     lanes: Sequence[Mapping[str, Any]] = (),
     lane_of: Callable[[str], str] | None = None,
+    config_status: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The dashboard's state.
 
@@ -187,6 +188,7 @@ def build_snapshot(
         "depth": depth,
         "model": {"id": model, "state": model_state},
         "lanes": [dict(lane) for lane in lanes],
+        "config": dict(config_status or {}),
         "running": running_rows,
         "waiting": waiting_rows,
         "waiting_shown": len(waiting_rows),

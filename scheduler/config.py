@@ -371,7 +371,7 @@ class Config:
     peer_routes: Mapping[str, PeerModel] = field(default_factory=lambda: MappingProxyType({}))
     """Every name a peer model answers to: ``peer/model``, and ``model`` when one peer has it."""
     warnings: tuple[str, ...] = ()
-    """One line per ignored, not yet supported key (peers, ...) or adjusted value."""
+    """One line per ignored, not yet supported key (ui, store, ...) or adjusted value."""
     source: str = ""
     """The file it came from."""
 
@@ -403,6 +403,13 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     their key and the line number in the message.
     """
     source = os.fspath(path)
+    data = read_yaml(source)
+    return parse_config({} if data is None else data, source=source)
+
+
+def read_yaml(source: str) -> Any:
+    """One YAML file, parsed strictly (duplicate keys are errors). Raises
+    :class:`ConfigError` keyed by the file name, with the line number in the message."""
     try:
         text = Path(source).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -418,7 +425,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         raise ConfigError(source, f"YAML syntax error at {where}: {problem}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(source, f"YAML syntax error: {exc}") from None
-    return parse_config({} if data is None else data, source=source)
+    return data
 
 
 def parse_config(

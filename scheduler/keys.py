@@ -90,6 +90,11 @@ class KeyRing:
             return None
         return self._all.get(digest(presented))
 
+    def set_config_keys(self, config_keys: Mapping[str, ApiKey]) -> None:
+        """The config's ``apiKeys`` after a reload (the admin-issued ones stay)."""
+        self._config = {digest(k): v for k, v in config_keys.items()}
+        self._all = MappingProxyType({**self._admin, **self._config})
+
     def set_admin_keys(self, digests: Mapping[str, ApiKey]) -> None:
         """The admin-issued keys in force, by :func:`digest` (revoked ones left out)."""
         self._admin = dict(digests)

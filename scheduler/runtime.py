@@ -26,6 +26,12 @@ class Runtime:
     """The proxy's HTTP clients (``proxy.upstream.Upstreams``)."""
     keys: KeyRing = field(default_factory=KeyRing)
     """The API keys in force (the config's and the admin-issued ones); none: no auth."""
+    reloader: Any = None
+    """The config reloader (``llamaswap_site.reload.Reloader``) when serving; its
+    ``status`` says whether the last reload was refused, for the dashboard."""
+    profile: str = ""
+    """The active ``profiles`` entry ("" none; as in llama-swap, none after a start), set
+    through ``PUT /api/profiles/active`` or the dashboard (dashboard/profiles.py)."""
 
 
 _current: Runtime | None = None

@@ -76,6 +76,7 @@ class Server:
         grace: float = 5,
         migrate: bool = False,
         environ: dict | None = None,
+        args: tuple[str, ...] = (),
     ):
         self.port = free_port()
         config = {"healthCheckTimeout": 15, "models": models}
@@ -112,6 +113,7 @@ class Server:
                 f"127.0.0.1:{self.port}",
                 "--grace",
                 str(grace),
+                *args,
             ],
             cwd=ROOT,
             env=env,

@@ -28,7 +28,7 @@ from tests.conftest import pick_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = "models:\n  qwen:\n    cmd: /bin/false --port ${PORT}\n"
-WARNED = "peers: {}\ngroups: {}\n" + GOOD
+WARNED = "ui: {}\nlogRequests: true\n" + GOOD
 BAD_TTL = "models:\n  qwen:\n    cmd: /bin/false --port ${PORT}\n    ttl: -5\n"
 
 
@@ -97,7 +97,7 @@ def test_a_command_help_names_the_script() -> None:
     [
         (GOOD, 0, ["ok: 1 model(s), scheduler serial"]),
         # Warnings are printed with their key path and do not fail.
-        (WARNED, 0, ["warning: peers: ", "warning: groups: ", "2 warning(s)"]),
+        (WARNED, 0, ["warning: ui: ", "warning: logRequests: ", "2 warning(s)"]),
         # An error names the key path and fails.
         (BAD_TTL, 1, ["config.yaml: error: models.qwen.ttl: must be >= 0", "hint: "]),
         ("models: [\n", 1, ["error: YAML syntax error at line 2"]),

@@ -70,6 +70,14 @@
     });
   }
 
+  function renderConfig(snap) {
+    var banner = $("#config-error");
+    if (!banner) return;
+    var error = (snap.config || {}).error || "";
+    banner.hidden = !error;
+    setText("#config-error .config-error-text", error);
+  }
+
   function renderGpu(snap) {
     setText("#gpu .model-id", snap.model.id || "none");
     var state = $("#gpu .state");
@@ -186,6 +194,7 @@
   function apply(snap) {
     renderBands(snap);
     renderGpu(snap);
+    renderConfig(snap);
     renderSettings(snap);
     renderWaiting(snap);
     renderDecisions(snap);

@@ -8,6 +8,7 @@ A second signal exits at once (still stopping the model processes).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import ipaddress
 import logging
@@ -93,6 +94,16 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--config", default="", help="llama-swap config.yaml (or LLAMASWAP_CONFIG)")
         parser.add_argument(
+            "--config-dir",
+            default="",
+            help="a directory of *.yml/*.yaml fragments merged into the config (llama-swap's -config-dir)",
+        )
+        parser.add_argument(
+            "--watch-config",
+            action="store_true",
+            help="reload when a config file changes (polled every 2 s); SIGHUP reloads too",
+        )
+        parser.add_argument(
             "--listen",
             default="127.0.0.1:8080",
             help="HOST:PORT, [IPV6]:PORT, or :PORT for every interface (default 127.0.0.1:8080)",
@@ -110,20 +121,24 @@ class Command(BaseCommand):
         http_server.install()  # protocol-level refusals (Twisted, daphne) as JSON errors
 
         from llamaswap_site.logfmt import apply_log_config
+        from llamaswap_site.reload import Reloader
         from proxy.upstream import Upstreams
         from scheduler import runtime
-        from scheduler.config import ConfigError, load_config
+        from scheduler.config import ConfigError
         from scheduler.dispatcher import Dispatcher
         from scheduler.keys import KeyRing
         from scheduler.process import prepare_server
+        from scheduler.sources import load_sources
 
-        path = options["config"] or settings.LLAMASWAP_CONFIG
-        if not path:
-            raise CommandError("no config: pass --config FILE or set LLAMASWAP_CONFIG")
+        path = options["config"] or (settings.LLAMASWAP_CONFIG if not options["config_dir"] else "")
+        config_dir = options["config_dir"]
+        if not path and not config_dir:
+            raise CommandError("no config: pass --config FILE (or set LLAMASWAP_CONFIG) and/or --config-dir DIR")
         try:
-            config = load_config(path)
+            config = load_sources(path, config_dir)
         except ConfigError as error:
-            raise CommandError(f"config {path}: {error}") from None
+            raise CommandError(f"config {path or config_dir}: {error}") from None
+        reloader = Reloader(path, config_dir)
         prepare_server()  # state dir, subreaper, kill what dead instances left (scheduler.process)
         http_server.install_limits(config.limits)  # slow or oversized clients, per connection
         for warning in config.warnings:
@@ -161,6 +176,7 @@ class Command(BaseCommand):
                 dispatcher=dispatcher,
                 upstreams=upstreams,
                 keys=KeyRing(config.api_keys),
+                reloader=reloader,
             )
         )
         reload_issued_keys()  # the admin-issued API keys (dashboard.keys); no table: logged
@@ -199,6 +215,8 @@ class Command(BaseCommand):
             from twisted.internet import reactor
 
             log.info("shutting down", extra={"grace": options["grace"]})
+            for task in list(background):  # --watch-config, a reload in progress
+                task.cancel()
             for port_obj in ports:
                 port_obj.stopListening()
             try:
@@ -221,9 +239,20 @@ class Command(BaseCommand):
             stopping = True
             loop.create_task(shutdown())
 
+        background: set[asyncio.Task] = set()
+
+        def spawn(coro) -> None:
+            task = loop.create_task(coro)
+            background.add(task)
+            task.add_done_callback(background.discard)
+
         def ready() -> None:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, on_signal, signum)
+            # SIGHUP: reload the config in place (llama-swap's signal for it).
+            loop.add_signal_handler(signal.SIGHUP, lambda: stopping or spawn(reloader.reload("SIGHUP")))
+            if options["watch_config"]:
+                spawn(reloader.watch())
             loop.create_task(dispatcher.start())
             for obs in observers:
                 starter = getattr(obs, "start", None)
@@ -231,7 +260,7 @@ class Command(BaseCommand):
                     loop.create_task(starter())
             base = f"http://{url_host(host)}:{port}/"
             self.stdout.write(
-                f"llamaswap serving {len(config.models)} model(s) from {path} on {base} "
+                f"llamaswap serving {len(config.models)} model(s) from {path or config_dir} on {base} "
                 f"(scheduler: {config.scheduler.use.value})"
             )
             self.stdout.write(

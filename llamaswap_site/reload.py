@@ -1,0 +1,105 @@
+"""Config reload while serving: SIGHUP and ``--watch-config`` (``llamaswap serve``).
+
+Better than llama-swap, which builds a new server and stops every model: the dispatcher
+takes the new config in place (:meth:`scheduler.dispatcher.Dispatcher.reload`: nothing
+waiting is lost, unchanged models keep running). A config with errors is refused and the
+old one stays in force; the refusal is logged and shown on the dashboard
+(:attr:`ConfigStatus`). The scheduler settings follow the same rule as at a start
+(``dashboard.settings_store``): an admin edit stays in force unless the config file's value
+for that key changed.
+
+Needs a restart: ``limits`` (applied per connection by the HTTP server),
+``logToStdout``/``logTimeFormat`` (as in llama-swap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler import runtime
+from scheduler.config import Config, ConfigError
+from scheduler.dispatcher import ReloadReport
+from scheduler.sources import fingerprint, load_sources
+
+log = logging.getLogger("llamaswap.reload")
+
+WATCH_EVERY = 2.0
+"""Seconds between two looks at the config files (llama-swap polls every 2 s too)."""
+
+
+@dataclass
+class ConfigStatus:
+    """The last reload, for the dashboard."""
+
+    loaded_at: float = field(default_factory=time.time)
+    source: str = ""
+    error: str = ""
+    """Why the last reload was refused ("" when it was not); the old config stays."""
+    error_at: float | None = None
+    warnings: tuple[str, ...] = ()
+    reloads: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Reloader:
+    """Reloads ``runtime.current()``'s config from its sources; one reload at a time."""
+
+    def __init__(self, config: str = "", config_dir: str = "") -> None:
+        self.config = config
+        self.config_dir = config_dir
+        self.status = ConfigStatus(source=", ".join(p for p in (config, config_dir) if p))
+        self._lock = asyncio.Lock()
+        self._seen = fingerprint(config, config_dir)
+
+    async def reload(self, reason: str) -> ReloadReport | None:
+        """Load the sources and put them in force; None when they have errors."""
+        async with self._lock:
+            self._seen = fingerprint(self.config, self.config_dir)
+            try:
+                new = await asyncio.to_thread(load_sources, self.config, self.config_dir)
+            except ConfigError as error:
+                self.status.error = f"{error}"
+                self.status.error_at = time.time()
+                log.error("config reload refused; the old config stays in force", extra={"reason": reason, "error": str(error)})
+                return None
+            new, source = await asyncio.to_thread(_with_stored_settings, new)
+            rt = runtime.current()
+            report = await rt.dispatcher.reload(new, source)
+            rt.config = new  # views resolve names with it from now on
+            rt.keys.set_config_keys(new.api_keys)
+            self.status = ConfigStatus(
+                source=self.status.source,
+                warnings=new.warnings,
+                reloads=self.status.reloads + 1,
+            )
+            for warning in new.warnings:
+                log.warning("config: %s", warning)
+            log.info(
+                "config reload applied",
+                extra={"reason": reason, **{k: list(v) for k, v in dataclasses.asdict(report).items()}},
+            )
+            return report
+
+    async def watch(self, every: float = WATCH_EVERY) -> None:
+        """``--watch-config``: reload when a source changes (or one appears or goes)."""
+        while True:
+            await asyncio.sleep(every)
+            now = fingerprint(self.config, self.config_dir)
+            if now != self._seen:
+                await self.reload("watch-config")
+
+
+def _with_stored_settings(config: Config) -> tuple[Config, str | None]:
+    """The config with the scheduler settings in force (admin edits kept where the config
+    file's value did not change; see ``dashboard.settings_store``)."""
+    from dashboard.settings_store import apply_at_start_or_config
+
+    stored = apply_at_start_or_config(config.scheduler)
+    return dataclasses.replace(config, scheduler=stored.settings), stored.source
