@@ -23,6 +23,7 @@ from django.conf import settings
 from django.core import checks
 
 from scheduler.config import Config, ConfigError, load_config
+from scheduler.sources import load_sources
 
 TAG = "llamaswap"
 E_CONFIG = "llamaswap.E001"
@@ -30,13 +31,16 @@ W_CONFIG = "llamaswap.W001"
 
 
 def inspect_config(
-    path: str, named_by: str = ""
+    path: str, named_by: str = "", config_dir: str = ""
 ) -> tuple[Config | None, list[checks.CheckMessage]]:
-    """Load ``path``: the config (None when unusable) and one Error, or one Warning per
-    warning. ``named_by`` says where the path came from, for the hint."""
+    """Load ``path`` (and the fragments of ``config_dir``, see :mod:`scheduler.sources`):
+    the config (None when unusable) and one Error, or one Warning per warning.
+    ``named_by`` says where the path came from, for the hint."""
     try:
-        config = load_config(path)
+        config = load_sources(path, config_dir) if config_dir else load_config(path)
+        path = path or config_dir
     except ConfigError as exc:
+        path = path or config_dir
         # Django prints obj first: "config.yaml: (llamaswap.E001) models.qwen.ttl: ...".
         file_level = exc.key in ("", path)
         where = "the file" if file_level else f"'{exc.key}'"

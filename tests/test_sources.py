@@ -90,3 +90,14 @@ def test_the_fingerprint_changes_when_a_fragment_appears_changes_or_goes(tmp_pat
     assert fingerprint("", str(tmp_path)) != added
     (tmp_path / "b.yaml").unlink()
     assert fingerprint("", str(tmp_path)) == ((first, *before[0][1:]),)
+
+
+def test_llamaswap_check_reads_a_config_dir(tmp_path):
+    from scheduler.checks import inspect_config
+
+    write(tmp_path / "a.yaml", "models:\n  a: {cmd: x, proxy: 'http://127.0.0.1:1'}\n")
+    config, messages = inspect_config("", config_dir=str(tmp_path))
+    assert config is not None and list(config.models) == ["a"] and not messages
+    write(tmp_path / "b.yaml", "models:\n  a: {cmd: y, proxy: 'http://127.0.0.1:2'}\n")
+    config, messages = inspect_config("", config_dir=str(tmp_path))
+    assert config is None and "models.a: defined again" in messages[0].msg

@@ -32,12 +32,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "config", nargs="?", default="", help="the config.yaml (default: LLAMASWAP_CONFIG)"
         )
+        parser.add_argument(
+            "--config-dir", default="", help="fragments merged into it, as `serve --config-dir`"
+        )
 
     def handle(self, *args, **options) -> None:
-        path = options["config"] or getattr(settings, "LLAMASWAP_CONFIG", "")
-        if not path:
+        config_dir = options["config_dir"]
+        path = options["config"] or ("" if config_dir else getattr(settings, "LLAMASWAP_CONFIG", ""))
+        if not path and not config_dir:
             raise CommandError("no config: give the file (llamaswap check config.yaml)")
-        config, messages = inspect_config(path)
+        config, messages = inspect_config(path, config_dir=config_dir)
+        path = path or config_dir
         for message in messages:
             error = message.level >= checks.ERROR
             kind = "error" if error else "warning"
