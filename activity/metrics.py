@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from scheduler.config import Config
     from scheduler.dispatcher import Dispatcher, Ticket
 
-TERMS: tuple[Term, ...] = (Term.AGING, Term.SWAP_AFFINITY)
+TERMS: tuple[Term, ...] = tuple(Term)  # aging, swap_affinity, aging_cap, band_share
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
 
 QUEUE_DEPTH = "llamaswap_scheduler_queue_depth"
@@ -49,7 +49,8 @@ DISPATCHED = Counter(
 )
 REORDERS = Counter(
     "llamaswap_scheduler_reorders_total",
-    "Dispatches where a score term (aging or swap_affinity) changed which request went "
+    "Dispatches where a score term (aging, swap_affinity, or the opt-in aging_cap and "
+    "band_share) changed which request went "
     "next, by the band of the request picked and the term.",
     ["band", "term"],
 )

@@ -28,12 +28,15 @@ from dashboard.templatetags.dash import timetag
 from scheduler.config import ConfigError, key_policy
 from scheduler.core.policy import (
     KEY_AGING,
+    KEY_AGING_CAP,
+    KEY_BAND_SHARE,
     KEY_BONUS,
     KEY_FIFO,
     KEY_USE,
     SchedulerSettings,
     SettingsError,
 )
+from scheduler.core.priority import BANDS
 from scheduler.keys import KeyPolicy
 
 # SettingsError.key -> form field
@@ -41,13 +44,25 @@ _FIELD_OF_KEY = {
     KEY_USE: "use",
     KEY_AGING: "aging_divisor",
     KEY_BONUS: "swap_affinity_bonus",
+    KEY_AGING_CAP: "aging_cap",
     KEY_FIFO: "fifo_priority",
 }
+SHARE_FIELDS = {band: f"share_{band.value}" for band in BANDS}
+"""bandShare is edited as one number per band."""
 
 PRECEDENCE = (
     "A saved value reaches the running scheduler for its next pick, and stays in effect "
     "after a restart, until the config file's value for the same key changes: then the "
     "config file wins. Keys never edited here follow the config file."
+)
+
+BOUNDS_HELP = (
+    "Under sustained overload unbounded aging turns the queue into first come, first "
+    "served: batch work that has waited long enough outranks fresh interactive work. "
+    "agingCap stops aging at a number of points (below 100 no request crosses a band by "
+    "waiting); bandShare guarantees a band a share of GPU time while it has work waiting, "
+    "so nothing starves even with a cap. The what-if page replays the recorded history "
+    "with candidate values before you apply them."
 )
 
 ADMIN_JS = ("dashboard/time.js",)  # times in the viewer's zone, as on the dashboard pages
@@ -56,6 +71,11 @@ ADMIN_JS = ("dashboard/time.js",)  # times in the viewer's zone, as on the dashb
 def _field_for(key: str) -> str:
     if key.startswith(KEY_FIFO):
         return "fifo_priority"
+    for band, name in SHARE_FIELDS.items():
+        if key == f"{KEY_BAND_SHARE}.{band.value}":
+            return name
+    if key == KEY_BAND_SHARE:
+        return "__all__"
     return _FIELD_OF_KEY.get(key, "__all__")
 
 
@@ -214,9 +234,54 @@ class SchedulerSettingsForm(forms.ModelForm):
         ),
     )
 
+    aging_cap = AsTypedFloatField(
+        label=capfirst(SchedulerSettingsRecord._meta.get_field("aging_cap").verbose_name),
+        help_text=SchedulerSettingsRecord._meta.get_field("aging_cap").help_text,
+        required=False,
+    )
+    share_interactive = AsTypedFloatField(
+        label="Interactive share (bandShare.interactive)", required=False
+    )
+    share_normal = AsTypedFloatField(label="Normal share (bandShare.normal)", required=False)
+    share_batch = AsTypedFloatField(
+        label="Batch share (bandShare.batch)",
+        required=False,
+        help_text=(
+            "Opt-in: the share of GPU time (0..1; the shares sum to at most 1) a band gets "
+            "while it has work waiting: when it has had less than its share since it last "
+            "had nothing waiting, its best request goes next. Empty or 0: no share (the "
+            "default). E.g. batch 0.2: a batch flood gets at least a fifth of the GPU."
+        ),
+    )
+
     class Meta:
         model = SchedulerSettingsRecord
-        fields = ["use", "aging_divisor", "swap_affinity_bonus", "fifo_priority"]
+        fields = [
+            "use",
+            "aging_divisor",
+            "swap_affinity_bonus",
+            "aging_cap",
+            "fifo_priority",
+        ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        shares = (self.instance.band_share or {}) if self.instance is not None else {}
+        for band, name in SHARE_FIELDS.items():
+            value = shares.get(band.value)
+            self.fields[name].initial = value
+
+    def band_share(self) -> dict[str, float]:
+        data = self.cleaned_data
+        return {
+            band.value: data[name]
+            for band, name in SHARE_FIELDS.items()
+            if data.get(name) not in (None, 0)
+        }
+
+    def save(self, commit: bool = True) -> SchedulerSettingsRecord:
+        self.instance.band_share = self.band_share()
+        return super().save(commit)
 
     def clean_fifo_priority(self):
         value = self.cleaned_data.get("fifo_priority")
@@ -233,6 +298,8 @@ class SchedulerSettingsForm(forms.ModelForm):
                     "agingDivisor": data.get("aging_divisor"),
                     "swapAffinityBonus": data.get("swap_affinity_bonus"),
                     "fifoPriority": data.get("fifo_priority") or {},
+                    "agingCap": data.get("aging_cap"),
+                    "bandShare": self.band_share(),
                 }
             )
         except SettingsError as error:
@@ -263,6 +330,13 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
             {
                 "fields": ["use", "aging_divisor", "swap_affinity_bonus", "fifo_priority"],
                 "description": PRECEDENCE,
+            },
+        ),
+        (
+            "Starvation bounds (opt-in; off by default, as the scheduling contract says)",
+            {
+                "fields": ["aging_cap", "share_interactive", "share_normal", "share_batch"],
+                "description": BOUNDS_HELP,
             },
         ),
         (

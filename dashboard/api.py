@@ -92,6 +92,8 @@ def activity_row(r: RequestRecord) -> dict[str, Any]:
         "request_id": r.request_id,
         "timestamp": _iso(r.arrived_at),
         "model": r.model,
+        "requested_model": r.requested_model,
+        "peer": r.peer,
         "path": r.path,
         "priority": r.priority,
         "requested_priority": r.requested_priority,

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from dashboard import api
+from dashboard import api, profiles
 from proxy.errors import allow_methods
 
 read = allow_methods("GET", "HEAD")  # read-only: any other method is a JSON 405
@@ -10,4 +10,6 @@ read = allow_methods("GET", "HEAD")  # read-only: any other method is a JSON 405
 urlpatterns = [
     path("metrics/activity", read(api.activity)),
     path("requests/<str:request_id>", read(api.request_detail)),
+    path("profiles", read(profiles.profiles_api)),  # llama-swap's profile API
+    path("profiles/active", allow_methods("PUT")(profiles.active_profile_api)),
 ]

@@ -8,6 +8,14 @@ is rebuilt from the settings recorded with the job's decision (priority + swap a
 + aging), and the term where the job was furthest ahead is named as the one that decided
 it. A job already running when the request arrived went first because dispatch is
 non-preemptive.
+
+The opt-in bounds (docs/scheduling.md): a job whose pick was made by ``bandShare`` (its
+band was behind its guaranteed share of GPU time; ``band_share`` in its
+``reordered_by``) is named "band share", whatever the scores. With ``agingCap``, the
+request's aging is capped as the job's was (the cap is the job's own row's
+``aging_cap`` when recorded, else read off a job whose aging stopped short of its wait);
+a job that won only because the request's aging was capped is named "aging cap", with
+the points the cap withheld as the margin.
 """
 
 from __future__ import annotations
@@ -47,6 +55,17 @@ class Ahead:
     """How far ahead the job was on that term."""
     ran_seconds: float = 0.0
     """How long it held the GPU (its pick to its finish)."""
+    note: str = ""
+    """One sentence on what the deciding term means, for the opt-in bounds."""
+
+
+NOTES = {
+    "band share": (
+        "its band was behind its guaranteed share of GPU time (bandShare), so it went "
+        "next whatever the scores"
+    ),
+    "aging cap": ("this request had waited long enough to win, but aging stops at agingCap points"),
+}
 
 
 EPS = 1e-6
@@ -78,9 +97,11 @@ def explain(mine: Job, ahead: Sequence[Job]) -> list[Ahead]:
         bonus = job.swap_affinity_bonus or 0
         # The model loaded when the job was picked: the job's own when it needed no swap.
         loaded_then = job.model if job.needs_swap is False else before_pick
-        my_aging = (
+        my_uncapped = (
             max(0.0, _seconds(job.dispatched_at, mine.arrived_at)) / divisor if divisor else 0.0
         )
+        cap = _aging_cap(job, divisor)
+        my_aging = min(my_uncapped, cap) if cap is not None else my_uncapped
         my_affinity = float(bonus) if loaded_then is not None and mine.model == loaded_then else 0.0
         my_score = mine.priority + my_affinity + my_aging
         priority_gap = job.score - (job.affinity or 0.0) - (job.aging or 0.0) - mine.priority
@@ -88,7 +109,12 @@ def explain(mine: Job, ahead: Sequence[Job]) -> list[Ahead]:
         static_gap = priority_gap + affinity_gap
         lead = job.score - my_score
         margin: float | None
-        if lead < -LEAD_SLACK:
+        terms = set(job.reordered_by or ())
+        if "band_share" in terms:
+            term, margin = "band share", None
+        elif cap is not None and my_score + (my_uncapped - my_aging) > job.score + LEAD_SLACK:
+            term, margin = "aging cap", my_uncapped - my_aging
+        elif lead < -LEAD_SLACK:
             term, margin = "unclear (settings changed?)", None
         elif abs(static_gap) <= EPS:
             # Same priority and affinity: it had waited longer (arrival order).
@@ -110,6 +136,21 @@ def explain(mine: Job, ahead: Sequence[Job]) -> list[Ahead]:
                 term,
                 None if margin is None else round(margin, 3),
                 ran,
+                NOTES.get(term, ""),
             )
         )
     return out
+
+
+def _aging_cap(job: Job, divisor: float) -> float | None:
+    """The agingCap in effect when ``job`` was picked: recorded on the row, or read off
+    the job itself when its aging stopped short of its wait (None: no cap seen)."""
+    recorded = getattr(job, "aging_cap", None)
+    if recorded is not None:
+        return float(recorded)
+    if not divisor or job.aging is None or job.dispatched_at is None:
+        return None
+    uncapped = max(0.0, _seconds(job.dispatched_at, job.arrived_at)) / divisor
+    if uncapped - job.aging > LEAD_SLACK:
+        return float(job.aging)
+    return None

@@ -34,6 +34,25 @@ class SchedulerSettingsRecord(models.Model):
         default=10,
         help_text="Bonus for a request that needs no model swap, 0..99; 0 disables it.",
     )
+    aging_cap = models.FloatField(
+        "aging cap (agingCap)",
+        null=True,
+        blank=True,
+        help_text=(
+            "Opt-in: at most this many aging points, reached after agingCap x agingDivisor "
+            "seconds; empty: no cap (the default). With a cap C a request is never passed by "
+            "one more than C + swapAffinityBonus below it."
+        ),
+    )
+    band_share = models.JSONField(
+        "band shares (bandShare)",
+        default=dict,
+        blank=True,
+        help_text=(
+            "Opt-in: band -> guaranteed share of GPU time (0..1, sum <= 1) while the band "
+            "has work waiting; empty: off (the default)."
+        ),
+    )
     fifo_priority = models.JSONField(
         "fifo priorities (fifo.priority)",
         default=dict,
@@ -73,7 +92,8 @@ class SettingsChange(models.Model):
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     who = models.CharField(max_length=150)
     field = models.CharField(max_length=100)
-    """The config key name: use, agingDivisor, swapAffinityBonus, fifoPriority."""
+    """The config key name: use, agingDivisor, swapAffinityBonus, agingCap, bandShare,
+    fifoPriority."""
     old = models.JSONField(null=True)
     new = models.JSONField(null=True)
     source = models.CharField(

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from dashboard.models import SchedulerSettingsRecord, SettingsChange
 from scheduler.core.policy import SchedulerSettings
+from scheduler.core.priority import BANDS
 
 log = logging.getLogger("llamaswap.settings")
 
@@ -33,6 +34,8 @@ FIELDS: dict[str, str] = {
     "use": "use",
     "agingDivisor": "aging_divisor",
     "swapAffinityBonus": "swap_affinity_bonus",
+    "agingCap": "aging_cap",
+    "bandShare": "band_share",
     "fifoPriority": "fifo_priority",
 }
 
@@ -46,12 +49,26 @@ def _number(value: Any) -> Any:
     return value
 
 
+def _shares(value: Any) -> dict[str, Any]:
+    """bandShare as JSON: band -> share, in band order (interactive, normal, batch)."""
+    order = [band.value for band in BANDS]
+    items = dict(value or {})
+    return {
+        str(k): _number(v)
+        for k, v in sorted(
+            items.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else 9, str(kv[0]))
+        )
+    }
+
+
 def settings_values(settings: SchedulerSettings) -> dict[str, Any]:
-    """The four keys as JSON values."""
+    """Every key as JSON values."""
     return {
         "use": settings.use.value,
         "agingDivisor": _number(settings.aging_divisor),
         "swapAffinityBonus": settings.swap_affinity_bonus,
+        "agingCap": _number(settings.aging_cap),
+        "bandShare": _shares({band.value: s for band, s in settings.band_share.items()}),
         "fifoPriority": dict(sorted(settings.fifo_priority.items())),
     }
 
@@ -61,6 +78,8 @@ def record_values(record: SchedulerSettingsRecord) -> dict[str, Any]:
         "use": record.use,
         "agingDivisor": _number(record.aging_divisor),
         "swapAffinityBonus": record.swap_affinity_bonus,
+        "agingCap": _number(record.aging_cap),
+        "bandShare": _shares(record.band_share),
         "fifoPriority": dict(sorted((record.fifo_priority or {}).items())),
     }
 
@@ -72,7 +91,26 @@ def to_settings(values: dict[str, Any]) -> SchedulerSettings:
         aging_divisor=values["agingDivisor"],
         swap_affinity_bonus=values["swapAffinityBonus"],
         fifo_priority=values["fifoPriority"],
+        aging_cap=values.get("agingCap"),
+        band_share=values.get("bandShare") or {},
     )
+
+
+def stored_settings() -> SchedulerSettings | None:
+    """The settings stored at the last start (merged with admin edits since), or None
+    when nothing is stored or the database is not ready. For replays of the history."""
+    try:
+        record = SchedulerSettingsRecord.objects.filter(
+            pk=SchedulerSettingsRecord.SINGLETON_PK
+        ).first()
+    except DatabaseError:
+        return None
+    if record is None:
+        return None
+    try:
+        return to_settings(record_values(record))
+    except ValueError:
+        return None
 
 
 def _set(record: SchedulerSettingsRecord, values: dict[str, Any]) -> None:

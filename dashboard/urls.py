@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard import views
+from dashboard import profiles, views, whatif
 from proxy.errors import allow_methods
 
 app_name = "dashboard"
@@ -12,6 +12,8 @@ urlpatterns = [
     path("dashboard/", read(views.dashboard), name="dashboard"),
     path("history/", read(views.history), name="history"),
     path("requests/<str:request_id>/", read(views.request_detail), name="request"),
+    path("whatif/", read(whatif.whatif), name="whatif"),
+    path("dashboard/profile/", profiles.profile_control, name="profile"),  # staff, POST
     # Included at the root (llamaswap_site/urls.py), so this is /favicon.ico, served by
     # the pages handler (it is no proxy path).
     path("favicon.ico", read(views.favicon), name="favicon"),

@@ -154,6 +154,27 @@ class ProxyHandler(_RefuseSuspicious, ASGIHandler):
         if not worker.cancelled() and worker.exception() is None:
             _close(worker.result())
 
+    async def send_response(self, response, send):
+        """Django's, except for a relayed stream (``response.relay_stream``, set by
+        proxy/relay.py): its pieces go to the server as they come, without the three
+        generator layers and the re-chunking Django puts around every piece."""
+        stream = getattr(response, "relay_stream", None)
+        if stream is None:
+            await super().send_response(response, send)
+            return
+        headers = []
+        for name, value in response.items():
+            headers.append((name.encode("ascii"), value.encode("latin1")))
+        for cookie in response.cookies.values():
+            headers.append((b"Set-Cookie", cookie.output(header="").encode("ascii").strip()))
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        try:
+            async for chunk in stream:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        finally:
+            await stream.aclose()
+        await send({"type": "http.response.body"})
+
     @staticmethod
     def get_script_prefix(scope):
         return scope.get("root_path", "") or "/"
@@ -258,8 +279,9 @@ KEY_PREFIXES = (*PROXY_PREFIXES, "/v1/", "/api/", "/upstream/", "/logs/")
 (``/api/metrics/activity``, ``/api/requests/...``), and anything else under the API
 prefixes (an unknown path's 404 included). Pages (dashboard, admin) need a Django login
 instead; ``/static/`` is open."""
-SESSION_PATHS = frozenset({"/logs", "/logs/stream"})
-"""Also open to a staff member's Django session (the logs are an operator's view)."""
+SESSION_PATHS = frozenset({"/logs", "/logs/stream", "/api/profiles", "/api/profiles/active"})
+"""Also open to a staff member's Django session (the logs are an operator's view; the
+profile switch is an operator's act, recorded with their name: dashboard/profiles.py)."""
 API_KEY_SCOPE = "llamaswap.api_key"
 """Where a request's :class:`scheduler.keys.ApiKey` is put in the ASGI scope."""
 

@@ -74,6 +74,9 @@ class Reloader:
             report = await rt.dispatcher.reload(new, source)
             rt.config = new  # views resolve names with it from now on
             rt.keys.set_config_keys(new.api_keys)
+            if rt.profile and rt.profile not in new.profiles:  # kept while it exists
+                log.warning("the active profile %r is gone from the config; none is active", rt.profile)
+                rt.profile = ""
             self.status = ConfigStatus(
                 source=self.status.source,
                 warnings=new.warnings,

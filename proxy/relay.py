@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +29,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from proxy.errors import REQUEST_ID_HEADER, error_response
 from proxy.turn import Turn
-from proxy.upstream import forward_headers, response_headers
+from proxy.upstream import Upstreams, forward_headers, response_headers
 from scheduler import runtime
 from scheduler.config import ModelConfig
 from scheduler.core.priority import HEADER, parse_priority
@@ -111,7 +112,9 @@ async def relay(
     status = upstream.status_code
     content_type = upstream.headers.get("content-type", "")
     if content_type.startswith("text/event-stream"):
-        response: HttpResponse = StreamingHttpResponse(_stream(turn, upstream), status=status)
+        stream = _stream(turn, upstream)
+        response: HttpResponse = StreamingHttpResponse(stream, status=status)
+        response.relay_stream = stream  # type: ignore[attr-defined]  # sent lean by ProxyHandler
         for name, value in response_headers(upstream.headers):
             response[name] = value
         response["X-Accel-Buffering"] = "no"
@@ -135,11 +138,31 @@ async def relay(
         _note_usage(ticket, content)
     turn.note(Outcome.COMPLETED, status)
     await turn.close()  # the GPU's part is done: the next request need not wait for the send
+    await hand_over()
     response = HttpResponse(content, status=status)
     for name, value in response_headers(upstream.headers):
         response[name] = value
     response[REQUEST_ID_HEADER] = request_id
     return response
+
+
+HAND_OVER_STEPS = 3
+"""Loop turns from a turn's end to the next request's first byte to its model: the
+dispatcher's step (pick, grant), the wake-up of the granted view through ``Ticket.wait``'s
+shield, and that view's step up to the write."""
+
+
+async def hand_over() -> None:
+    """Once a turn has ended, let the next one begin before this request's answer is sent.
+
+    Ending the turn posts an event to the dispatcher; without this, the dispatcher runs
+    only after the rest of this task's step: building the answer, Django's response
+    handling and the write to the client, all while the model sits idle. A few loop turns
+    let the dispatcher grant the next request and its view write to the model first
+    (BENCHMARKS.md, "Dispatch gap at the model"); this client's answer waits that long.
+    With nothing waiting, it costs three empty loop turns."""
+    for _ in range(HAND_OVER_STEPS):
+        await asyncio.sleep(0)
 
 
 def _start_failed(model: ModelConfig, exc: ModelStartError, request_id: str) -> HttpResponse:
@@ -164,7 +187,8 @@ async def _send(
     ticket = turn.ticket
     model = ticket.model
     timeouts = model.timeouts
-    client = runtime.current().upstreams.client()
+    upstreams = runtime.current().upstreams
+    client = upstreams.client()
     while True:
         request = client.build_request(
             method,
@@ -176,7 +200,7 @@ async def _send(
             ),
         )
         try:
-            response = await _await_headers(client, request, turn)
+            response = await _await_headers(upstreams, request, turn)
         except httpx.ConnectError:
             if ticket.resent:
                 raise
@@ -191,7 +215,7 @@ async def _send(
         return response
 
 
-async def _await_headers(client: httpx.AsyncClient, request: httpx.Request, turn: Turn) -> httpx.Response:
+async def _await_headers(upstreams: Upstreams, request: httpx.Request, turn: Turn) -> httpx.Response:
     model = turn.ticket.model
     limit = model.timeouts.response_header
     watchdog = (
@@ -203,12 +227,12 @@ async def _await_headers(client: httpx.AsyncClient, request: httpx.Request, turn
         if limit:
             try:
                 async with asyncio.timeout(limit):
-                    return await client.send(request, stream=True)
+                    return await upstreams.send(request)
             except TimeoutError:
                 raise UpstreamTimeout(
                     f"model {model.id!r} sent no response within {limit:g}s (timeouts.responseHeader)"
                 ) from None
-        return await client.send(request, stream=True)
+        return await upstreams.send(request)
     except asyncio.CancelledError:
         if watchdog is None or watchdog.tripped is None:
             raise
@@ -288,12 +312,16 @@ async def _stream(turn: Turn, upstream: httpx.Response) -> AsyncIterator[bytes]:
     A client that leaves cancels this generator; the handler then ends the turn as
     cancelled. Only how the upstream side ended is noted here.
     """
-    tail = b""
+    recent: deque[bytes] = deque()  # the last pieces, at least STREAM_TAIL bytes of them
+    kept = 0
     yield b""  # daphne sends the headers with the first body write: send them now
     try:
         async for chunk in upstream.aiter_raw():
             yield chunk
-            tail = (tail + chunk)[-STREAM_TAIL:] if len(chunk) < STREAM_TAIL else chunk[-STREAM_TAIL:]
+            recent.append(chunk)
+            kept += len(chunk)
+            while kept - len(recent[0]) >= STREAM_TAIL:
+                kept -= len(recent.popleft())
     except httpx.ReadTimeout:
         await _went_silent(turn, "its stream")  # the stream ends without [DONE]
         return
@@ -302,9 +330,11 @@ async def _stream(turn: Turn, upstream: httpx.Response) -> AsyncIterator[bytes]:
         turn.note(Outcome.FAILED, upstream.status_code, f"stream broken: {type(exc).__name__}: {exc}")
         turn.suspect = True
         return
+    tail = b"".join(recent)[-STREAM_TAIL:]
     _note_stream_usage(turn.ticket, tail)
     turn.note(Outcome.COMPLETED, upstream.status_code)
     await turn.close()
+    await hand_over()
 
 
 def _note_usage(ticket: Ticket, content: bytes) -> None:

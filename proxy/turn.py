@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
+from contextvars import ContextVar
+from typing import Any
 
 import httpx
 
@@ -32,6 +35,12 @@ from scheduler.config import ModelConfig
 from scheduler.dispatcher import Dispatcher, Outcome, Ticket
 
 log = logging.getLogger("llamaswap.proxy")
+
+RECORD_EXTRA: ContextVar[Mapping[str, Any] | None] = ContextVar("llamaswap_record_extra", default=None)
+"""Facts about the request its view knows before the turn is taken (the name the client
+asked for, when a selector or profile resolved it to another model), copied into the
+ticket's ``extra`` for its record. Set by the view in the request's own task (the lean
+handler runs each request in one), so it never leaks into another request."""
 
 
 class Turn:
@@ -64,6 +73,9 @@ class Turn:
         # Set before the dispatcher task sees the arrival, so every observer has them.
         self.ticket.api_key = api_key
         self.ticket.requested_priority = requested_priority
+        extra = RECORD_EXTRA.get()
+        if extra:
+            self.ticket.extra.update(extra)
         self.upstream: httpx.Response | None = None
         """The model's response while it is being relayed; closed by :meth:`close`."""
         self.suspect = False

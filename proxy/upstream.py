@@ -1,17 +1,32 @@
-"""HTTP clients for talking to model processes.
+"""HTTP to the model processes: one connection pool of plain asyncio protocols.
 
-Several ``httpx.AsyncClient`` used round-robin: one client with many connections spends
-noticeable time in httpcore's pool bookkeeping (about 39% less throughput than a few
-clients round-robin, measured on this stack). Each
-request makes httpcore check every connection of its pool for expiry, and an idle one
-costs a syscall or two there: 16 clients, each with few connections, cost 6% less CPU per
-request than 4 at 16 concurrent requests (bench/bench_proxy.py).
-Tests inject a transport through :func:`set_transport`.
+httpx's own client stack (``AsyncClient.send`` -> httpcore's pool -> anyio -> h11) costs
+about 0.4 ms of CPU to write a request and as much to read a short answer on this project's
+machines, and per streamed chunk a cancel scope, a checkpoint and h11's event parsing
+(measured in BENCHMARKS.md, "Dispatch gap at the model"). A model server on loopback needs
+none of it, so :class:`LeanTransport` speaks HTTP/1.1 itself: one ``asyncio.Protocol``
+per connection, keep-alive connections kept per host, the request written with one
+``write`` (large bodies in slices, with flow control, never a second copy), the answer
+parsed from the bytes as they arrive (Content-Length, chunked, or until the connection
+closes), chunked bodies de-chunked and every complete piece already received handed over
+at once. It is an ``httpx.AsyncBaseTransport``: requests and responses stay
+``httpx.Request``/``httpx.Response`` objects, failures httpx's exceptions
+(``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``WriteTimeout``, ``ReadError``,
+``RemoteProtocolError``), and the timeouts those of ``request.extensions["timeout"]``,
+read anew before every wait (the relay lengthens ``read`` once the headers are in). Plain
+``http://`` only; anything else goes through httpx's own transport.
+
+:meth:`Upstreams.send` hands a built request straight to the transport: no redirects, no
+auth flow, no cookie jar (a proxy must not keep its upstream's cookies). Tests inject
+their own transport (``Upstreams(transport=...)``).
 """
 
 from __future__ import annotations
 
-import itertools
+import asyncio
+import select
+import time
+from collections.abc import AsyncIterator
 
 import httpx
 
@@ -33,33 +48,55 @@ HOP_BY_HOP = frozenset(
 )
 
 TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
-LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=30)
+MAX_IDLE_PER_HOST = 64
+KEEPALIVE_EXPIRY = 30.0
+MAX_HEAD_BYTES = 100 * 1024
+"""The response line and headers at most (httpcore's limit)."""
+READ_HIGH_WATER = 1 << 20
+"""Stop reading from the model while this much is received but not yet relayed."""
+WRITE_SLICE = 1 << 20
+"""Large request bodies are written in slices of this size, each after the last drained:
+the socket buffer never holds a second copy of the body."""
+SMALL_BODY = 64 * 1024
+"""Bodies up to this size go out in the same write as the headers."""
 
 
 class Upstreams:
-    """A small pool of AsyncClients, created on first use inside the running loop."""
+    """The connection pool to the model processes, and an httpx client for anything else
+    (health probes): both over one transport, created on first use inside the running loop.
+    ``size`` is kept for callers; one pool serves every request."""
 
-    def __init__(self, size: int = 16, transport: httpx.AsyncBaseTransport | None = None):
-        self._size = size
+    def __init__(self, size: int = 1, transport: httpx.AsyncBaseTransport | None = None):
         self._transport = transport
-        self._clients: list[httpx.AsyncClient] = []
-        self._cycle: itertools.cycle[httpx.AsyncClient] | None = None
+        self._client: httpx.AsyncClient | None = None
 
     def client(self) -> httpx.AsyncClient:
-        if self._cycle is None:
-            self._clients = [
-                httpx.AsyncClient(
-                    timeout=TIMEOUT, limits=LIMITS, transport=self._transport, trust_env=False
-                )
-                for _ in range(self._size)
-            ]
-            self._cycle = itertools.cycle(self._clients)
-        return next(self._cycle)
+        if self._client is None:
+            if self._transport is None:
+                self._transport = LeanTransport()
+            self._client = httpx.AsyncClient(
+                timeout=TIMEOUT, transport=self._transport, trust_env=False
+            )
+        return self._client
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        """Send ``request`` (built with :meth:`client`'s ``build_request``); returns once the
+        response headers are in, the body unread (``aiter_raw``, then ``aclose``)."""
+        transport = self._transport
+        if transport is None:
+            self.client()
+            transport = self._transport
+        assert transport is not None
+        response = await transport.handle_async_request(request)
+        response.request = request
+        return response
 
     async def aclose(self) -> None:
-        for client in self._clients:
-            await client.aclose()
-        self._clients, self._cycle = [], None
+        if self._client is not None:
+            await self._client.aclose()  # closes the transport too
+        elif self._transport is not None:
+            await self._transport.aclose()
+        self._client = None
 
 
 def forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
@@ -70,3 +107,478 @@ def forward_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, byt
 def response_headers(headers: httpx.Headers) -> list[tuple[str, str]]:
     """Upstream response headers for the client: everything but hop-by-hop ones."""
     return [(k, v) for k, v in headers.multi_items() if k.lower() not in HOP_BY_HOP]
+
+
+# -- the transport ---------------------------------------------------------------------------
+
+
+class LeanTransport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 over asyncio protocols with keep-alive (see the module's docstring)."""
+
+    def __init__(
+        self, max_idle_per_host: int = MAX_IDLE_PER_HOST, keepalive_expiry: float = KEEPALIVE_EXPIRY
+    ) -> None:
+        self.max_idle_per_host = max_idle_per_host
+        self.keepalive_expiry = keepalive_expiry
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._fallback: httpx.AsyncHTTPTransport | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        if url.scheme != "http":
+            if self._fallback is None:
+                self._fallback = httpx.AsyncHTTPTransport(trust_env=False)
+            return await self._fallback.handle_async_request(request)
+        timeouts = request.extensions.get("timeout") or {}
+        key = (url.host, url.port or 80)
+        conn = self._reuse(key)
+        if conn is None:
+            conn = await _connect(key, timeouts.get("connect"), request)
+        try:
+            await conn.write_request(request, timeouts)
+            status, headers, extensions, framing = await conn.read_response(request)
+        except BaseException:
+            conn.close()
+            raise
+        return httpx.Response(
+            status,
+            headers=headers,
+            stream=_Body(self, key, conn, request, framing),
+            extensions=extensions,
+            request=request,
+        )
+
+    def _reuse(self, key: tuple[str, int]) -> _Connection | None:
+        idle = self._idle.get(key)
+        if not idle:
+            return None
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if conn.usable(now - self.keepalive_expiry):
+                return conn
+            conn.close()
+        return None
+
+    def _release(self, key: tuple[str, int], conn: _Connection) -> None:
+        if not conn.keep_alive or conn.closed:
+            conn.close()
+            return
+        idle = self._idle.setdefault(key, [])
+        if len(idle) >= self.max_idle_per_host:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        idle.append(conn)
+
+    async def aclose(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+        if self._fallback is not None:
+            await self._fallback.aclose()
+            self._fallback = None
+
+
+async def _connect(key: tuple[str, int], timeout: float | None, request: httpx.Request) -> _Connection:
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(timeout):
+            _, conn = await loop.create_connection(_Connection, key[0], key[1])
+    except TimeoutError:
+        raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} timed out", request=request) from None
+    except OSError as exc:
+        raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
+    return conn
+
+
+class _Connection(asyncio.Protocol):
+    """One connection to a model server; what it received waits in ``buf``."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.eof = False
+        self.closed = False
+        self.error: BaseException | None = None
+        self.keep_alive = True
+        self.idle_since = 0.0
+        self.waiter: asyncio.Future[None] | None = None
+        self.drained: asyncio.Future[None] | None = None
+        self.write_paused = False
+        self.read_paused = False
+        self.deadline = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if len(self.buf) > READ_HIGH_WATER and not self.read_paused and self.transport is not None:
+            self.read_paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self.keep_alive = False
+        self._wake()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.eof = True
+        self.keep_alive = False
+        self.error = exc
+        self._wake()
+        drained = self.drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        drained = self.drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- the pool's side
+
+    def usable(self, expired_before: float) -> bool:
+        """Still open, not idle too long, and nothing (not even a close) arrived while idle:
+        the kernel is asked, since the close may not have been read yet."""
+        if self.closed or self.eof or self.buf or self.idle_since < expired_before:
+            return False
+        transport = self.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None:
+            return False
+        try:
+            readable, _, _ = select.select((sock.fileno(),), (), (), 0)
+        except (OSError, ValueError):
+            return False
+        return not readable  # readable while idle: closed, or bytes nobody asked for
+
+    def close(self) -> None:
+        self.keep_alive = False
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+        self.closed = True
+
+    # -- one exchange
+
+    async def write_request(self, request: httpx.Request, timeouts: dict) -> None:
+        transport = self.transport
+        assert transport is not None
+        url = request.url
+        parts = [request.method.encode("ascii"), b" ", url.raw_path, b" HTTP/1.1\r\n"]
+        for name, value in request.headers.raw:
+            if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name:
+                raise httpx.LocalProtocolError(f"invalid header {name!r}", request=request)
+            parts += (name, b": ", value, b"\r\n")
+        parts.append(b"\r\n")
+        stream = request.stream
+        if isinstance(stream, httpx.ByteStream):
+            body = request.content
+            if len(body) <= SMALL_BODY:
+                parts.append(body)
+                transport.write(b"".join(parts))
+            else:
+                transport.write(b"".join(parts))
+                view = memoryview(body)
+                for start in range(0, len(view), WRITE_SLICE):
+                    await self._drain(timeouts, request)
+                    transport.write(view[start : start + WRITE_SLICE])
+                del view
+        else:  # an async iterable body: as it comes, chunked when the headers say so
+            transport.write(b"".join(parts))
+            chunked = b"chunked" in request.headers.get("transfer-encoding", "").encode()
+            async for piece in stream:  # type: ignore[union-attr]
+                if not piece:
+                    continue
+                await self._drain(timeouts, request)
+                if chunked:
+                    transport.write(b"%x\r\n" % len(piece) + bytes(piece) + b"\r\n")
+                else:
+                    transport.write(piece)
+            if chunked:
+                transport.write(b"0\r\n\r\n")
+        await self._drain(timeouts, request)
+
+    async def _drain(self, timeouts: dict, request: httpx.Request) -> None:
+        if self.closed:
+            raise httpx.WriteError("the model closed the connection", request=request)
+        if not self.write_paused:
+            return
+        self.drained = self.loop.create_future()
+        try:
+            async with asyncio.timeout(timeouts.get("write")):
+                await self.drained
+        except TimeoutError:
+            raise httpx.WriteTimeout("writing the request timed out", request=request) from None
+        finally:
+            self.drained = None
+        if self.closed:
+            raise httpx.WriteError("the model closed the connection", request=request)
+
+    async def wait(self, request: httpx.Request) -> None:
+        """Until more bytes arrive or the connection ends; ``ReadTimeout`` after the read
+        timeout the request has now. One timer per connection, moved lazily: a wait costs
+        a future and a clock read, not a timer."""
+        if self.eof:
+            return
+        if self.read_paused and self.transport is not None:
+            self.read_paused = False
+            self.transport.resume_reading()
+        waiter = self.waiter = self.loop.create_future()
+        timeout = (request.extensions.get("timeout") or {}).get("read")
+        if timeout is not None:
+            self.deadline = self.loop.time() + timeout
+            if self.timer is None:
+                self.timer = self.loop.call_at(self.deadline, self._check_deadline)
+        await waiter
+        if waiter.result() is not None:
+            raise httpx.ReadTimeout("timed out reading from the model", request=request)
+
+    def _check_deadline(self) -> None:
+        self.timer = None
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return  # nobody waits: the next wait arms the timer again
+        if self.loop.time() < self.deadline:
+            self.timer = self.loop.call_at(self.deadline, self._check_deadline)
+            return
+        waiter.set_result(True)  # type: ignore[arg-type]
+
+    def ended(self, request: httpx.Request, what: str) -> Exception:
+        if self.error is not None:
+            return httpx.ReadError(f"{what}: {self.error}", request=request)
+        return httpx.RemoteProtocolError(what, request=request)
+
+    async def read_response(
+        self, request: httpx.Request
+    ) -> tuple[int, list[tuple[bytes, bytes]], dict, tuple[str, int | None]]:
+        """Status, headers, extensions and framing (``length``/``chunked``/``eof``, the
+        length) of the answer; its body stays in ``buf``."""
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            while end < 0:
+                if len(self.buf) > MAX_HEAD_BYTES:
+                    raise httpx.RemoteProtocolError("response headers too large", request=request)
+                if self.eof:
+                    raise self.ended(request, "Server disconnected without sending a response.")
+                await self.wait(request)
+                end = self.buf.find(b"\r\n\r\n")
+            head = bytes(self.buf[:end])
+            del self.buf[: end + 4]
+            lines = head.split(b"\r\n")
+            version, _, rest = lines[0].partition(b" ")
+            code, _, reason = rest.partition(b" ")
+            if not version.startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
+                raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:100]!r}", request=request)
+            status = int(code)
+            headers = []
+            length: int | None = None
+            chunked = False
+            for line in lines[1:]:
+                name, sep, value = line.partition(b":")
+                if not sep or not name or name[-1:] in b" \t" or line[:1] in b" \t":
+                    raise httpx.RemoteProtocolError(f"malformed header line {line[:100]!r}", request=request)
+                value = value.strip(b" \t")
+                headers.append((name, value))
+                lower = name.lower()
+                if lower == b"content-length":
+                    try:
+                        declared = int(value.split(b",")[0])
+                    except ValueError:
+                        raise httpx.RemoteProtocolError("malformed Content-Length", request=request) from None
+                    if declared < 0 or (length is not None and declared != length):
+                        raise httpx.RemoteProtocolError("malformed Content-Length", request=request)
+                    length = declared
+                elif lower == b"transfer-encoding":
+                    chunked = value.lower().rsplit(b",", 1)[-1].strip() == b"chunked"
+                elif lower == b"connection" and b"close" in value.lower():
+                    self.keep_alive = False
+            if 100 <= status < 200 and status != 101:
+                continue  # an interim answer (100 Continue): the real one follows
+            if version == b"HTTP/1.0":
+                self.keep_alive = False
+            if request.method == "HEAD" or status in (101, 204, 304):
+                mode, length = "length", 0
+                if status == 101:
+                    self.keep_alive = False
+            elif chunked:
+                mode = "chunked"
+                if length is not None:
+                    self.keep_alive = False  # both framings: chunked wins, never reuse
+            elif length is not None:
+                mode = "length"
+            else:
+                mode = "eof"
+                self.keep_alive = False
+            extensions = {"http_version": version, "reason_phrase": reason}
+            return status, headers, extensions, (mode, length)
+
+
+class _Body(httpx.AsyncByteStream):
+    """The response body: its bytes as they arrive, de-chunked; every complete piece
+    already received is handed over at once (no waiting to fill anything)."""
+
+    def __init__(
+        self,
+        pool: LeanTransport,
+        key: tuple[str, int],
+        conn: _Connection,
+        request: httpx.Request,
+        framing: tuple[str, int | None],
+    ) -> None:
+        self.framing = framing
+        self.pool = pool
+        self.key = key
+        self.conn: _Connection | None = conn
+        self.request = request
+        self.done = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn = self.conn
+        if conn is None:
+            return
+        request = self.request
+        mode, length = self.framing
+        buf = conn.buf
+        try:
+            if mode == "length":
+                left = length or 0
+                while left:
+                    if not buf:
+                        if conn.eof:
+                            raise conn.ended(
+                                request,
+                                f"peer closed connection without sending complete message body: "
+                                f"{left} of {length} bytes missing",
+                            )
+                        await conn.wait(request)
+                        continue
+                    if len(buf) <= left:
+                        piece = bytes(buf)
+                        buf.clear()
+                    else:
+                        piece = bytes(buf[:left])
+                        del buf[:left]
+                    left -= len(piece)
+                    yield piece
+            elif mode == "chunked":
+                async for piece in _dechunk(conn, request):
+                    yield piece
+            else:
+                while True:
+                    if buf:
+                        piece = bytes(buf)
+                        buf.clear()
+                        yield piece
+                    elif conn.eof:
+                        if conn.error is not None:
+                            raise conn.ended(request, "connection broken")
+                        break
+                    else:
+                        await conn.wait(request)
+        except BaseException:
+            self._drop()
+            raise
+        self.done = True
+        self._give_back()
+
+    def _give_back(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            if conn.buf:  # more than the answer: nothing to trust on this connection
+                conn.close()
+                return
+            self.pool._release(self.key, conn)
+
+    def _drop(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+
+    async def aclose(self) -> None:
+        if self.done:
+            self._give_back()
+        else:
+            self._drop()
+
+
+async def _dechunk(conn: _Connection, request: httpx.Request) -> AsyncIterator[bytes]:
+    """De-chunk what arrives; every round hands over all the data complete so far."""
+    buf = conn.buf
+    left = 0  # bytes of the current chunk's data still to come
+    state = "size"  # size -> data -> crlf -> size ... -> trailer
+    while True:
+        pieces = []
+        pos = 0
+        size = len(buf)
+        while pos < size:
+            if state == "data":
+                take = min(left, size - pos)
+                pieces.append(bytes(buf[pos : pos + take]))
+                pos += take
+                left -= take
+                if left == 0:
+                    state = "crlf"
+            elif state == "crlf":
+                if size - pos < 2:
+                    break
+                if buf[pos : pos + 2] != b"\r\n":
+                    raise httpx.RemoteProtocolError("malformed chunked body", request=request)
+                pos += 2
+                state = "size"
+            elif state == "size":
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    if size - pos > 1024:
+                        raise httpx.RemoteProtocolError("malformed chunk size", request=request)
+                    break
+                try:
+                    left = int(bytes(buf[pos:end]).split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise httpx.RemoteProtocolError("malformed chunk size", request=request) from None
+                if left < 0:
+                    raise httpx.RemoteProtocolError("malformed chunk size", request=request)
+                pos = end + 2
+                state = "data" if left else "trailer"
+            else:  # trailer lines up to an empty one
+                end = buf.find(b"\r\n", pos)
+                if end < 0:
+                    if size - pos > MAX_HEAD_BYTES:
+                        raise httpx.RemoteProtocolError("trailers too large", request=request)
+                    break
+                if end == pos:
+                    pos += 2
+                    state = "done"
+                    break
+                pos = end + 2
+        if pos:
+            del buf[:pos]
+        if pieces:
+            yield pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        if state == "done":
+            return
+        if conn.eof:
+            raise conn.ended(request, "peer closed connection without sending complete message body")
+        await conn.wait(request)
+

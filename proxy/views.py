@@ -19,10 +19,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
+from proxy import peers, routing
 from proxy.errors import clip, cross_origin_refused, echo, error_response, method_not_allowed
 from proxy.relay import relay
+from proxy.turn import RECORD_EXTRA
 from scheduler import runtime
 from scheduler.config import Capabilities, ModelConfig
+from scheduler.names import Unroutable
 from scheduler.process import ModelState
 
 log = logging.getLogger("llamaswap.proxy")
@@ -43,11 +46,16 @@ def _new_request_id() -> str:
 
 @csrf_exempt
 async def inference(request: HttpRequest) -> HttpResponse:
-    """POST /v1/chat/completions and friends: the model comes from the body."""
+    """POST /v1/chat/completions and friends: the model comes from the body.
+
+    The name goes through the active profile's pin and a selector before the request is
+    queued (proxy/routing.py): the dispatcher sees the model that runs it. A peer's model
+    is forwarded at once and takes no turn here (proxy/peers.py).
+    """
     request_id = _new_request_id()
     if request.method != "POST":
         return method_not_allowed(request, ("POST",), request_id=request_id)
-    config = runtime.current().config
+    rt = runtime.current()
     parsed = _parse_body(request, request_id)
     if isinstance(parsed, HttpResponse):
         return parsed
@@ -65,20 +73,40 @@ async def inference(request: HttpRequest) -> HttpResponse:
         return error_response(
             400, "missing 'model' in request", code="missing_model", request_id=request_id, param="model"
         )
-    model = config.resolve(name)
-    if model is None:
+    try:
+        target = routing.resolve(rt, name)
+    except Unroutable as exc:
         return error_response(
-            404, f"model {echo(name)} not found", code="model_not_found", request_id=request_id
+            exc.status,
+            f"model {echo(name)} not found" + (f": {exc.why}" if exc.why else ""),
+            code="model_not_found" if exc.status == 404 else "no_target_available",
+            request_id=request_id,
         )
     if data is not None:
         try:
-            body = _rewrite(data, body, model)
+            if target.peer is not None:
+                body = routing.rewrite_peer(data, target)
+            else:
+                body = routing.rewrite_local(data, body, target)
         except RecursionError:  # what the parser took, at the edge of the stack limit
             return error_response(
                 400, "request body is nested too deeply", code="invalid_json", request_id=request_id
             )
         data = None  # not kept alive while the request waits for its turn
-    return await relay(request, model, request_id, request.path, body)
+    else:  # multipart: only the model field changes, as llama-swap does
+        field = routing.multipart_model(target)
+        if field is not None:
+            body = routing.rewrite_multipart_model(body, request.content_params["boundary"], field)
+    extra = routing.record_extra(target)
+    if target.peer is not None:
+        return await peers.forward(request, target, request_id, body, extra)
+    assert target.model is not None
+    if extra:
+        RECORD_EXTRA.set(extra)  # this request's task only (see proxy/turn.py)
+    if not target.selector:
+        return await relay(request, target.model, request_id, request.path, body)
+    with routing.reserved(target):  # until its turn came (relay returns once it has)
+        return await relay(request, target.model, request_id, request.path, body)
 
 
 def _parse_body(request: HttpRequest, request_id: str) -> tuple[bytes, dict[str, Any] | None, object] | HttpResponse:
@@ -145,26 +173,20 @@ def _json_type(value: object) -> str:
     )
 
 
-def _rewrite(data: dict[str, Any], body: bytes, model: ModelConfig) -> bytes:
-    """Apply useModelName and filters; the raw body is kept when nothing changes."""
-    if not (model.use_model_name or model.strip_params or model.set_params):
-        return body
-    if model.use_model_name:
-        data["model"] = model.use_model_name
-    for param in model.strip_params:
-        if param != "model":
-            data.pop(param, None)
-    for key, value in model.set_params.items():
-        data[key] = value
-    return json.dumps(data).encode()
-
-
 @csrf_exempt
 async def upstream_passthrough(request: HttpRequest, model_name: str, path: str = "") -> HttpResponse:
-    """ANY /upstream/{model}/{path}: the model from the path, everything else as sent."""
+    """ANY /upstream/{model}/{path}: the model from the path, everything else as sent.
+
+    Local models only. The active profile's pin applies (to a local target); selectors do
+    not, as in llama-swap.
+    """
     request_id = _new_request_id()
     rt = runtime.current()
-    model = rt.config.resolve(model_name)
+    name = model_name
+    profile = rt.config.profiles.get(rt.profile) if rt.profile else None
+    if profile is not None and name in profile.pins:
+        name = profile.pins[name]
+    model = rt.config.resolve(name) if name else None
     if model is None:
         return error_response(
             404, f"model {echo(model_name)} not found", code="model_not_found", request_id=request_id
@@ -173,15 +195,17 @@ async def upstream_passthrough(request: HttpRequest, model_name: str, path: str 
     # never loads the model. Unless it is loaded and ready it is refused here, before any
     # turn is taken.
     rest = "/" + path
-    if any(pattern.search(rest) for pattern in rt.config.upstream_ignore_paths):
-        loaded, state = rt.dispatcher.model_state()
-        if loaded != model.id or state is not ModelState.READY:
-            return error_response(
-                409,
-                f"model {model.id} is not loaded; path matches upstream.ignorePaths",
-                code="model_not_loaded",
-                request_id=request_id,
-            )
+    if any(pattern.search(rest) for pattern in rt.config.upstream_ignore_paths) and (
+        routing.model_states(rt.dispatcher).get(model.id) is not ModelState.READY
+    ):
+        return error_response(
+            409,
+            f"model {model.id} is not loaded; path matches upstream.ignorePaths",
+            code="model_not_loaded",
+            request_id=request_id,
+        )
+    if model_name != model.id:
+        RECORD_EXTRA.set({"requested_model": model_name})  # an alias or a pin
     return await relay(request, model, request_id, _raw_rest(request, path), request.body)
 
 
@@ -214,16 +238,19 @@ async def list_models(request: HttpRequest) -> HttpResponse:
     ``capabilities`` add ``architecture``, ``capabilities``, ``supported_parameters`` and
     ``context_length`` (and ``meta.n_ctx``); ``meta.llamaswap`` is the model's
     ``metadata`` plus ``type`` (model or alias) and ``aliases`` / ``modelID``; with
-    ``includeAliasesInList`` each alias is a record of its own.
+    ``includeAliasesInList`` each alias is a record of its own. Then, as llama-swap: each
+    peer model as ``peer/model`` (``type: peer``), each selector not ``unlisted``
+    (``type: selector``, loaded when a target it would pick is), and the active profile's
+    pins that name something not listed otherwise (``type: profile``).
     """
     rt = runtime.current()
     config = rt.config
-    loaded, state = rt.dispatcher.model_state()
+    states = routing.model_states(rt.dispatcher)
     data = []
     for model in config.models.values():
         if model.unlisted:
             continue
-        status = "loaded" if model.id == loaded and state is not ModelState.STOPPED else "unloaded"
+        status = "loaded" if model.id in states else "unloaded"
         internal: dict[str, Any] = {"type": "model"}
         if model.aliases:
             internal["aliases"] = list(model.aliases)
@@ -236,6 +263,8 @@ async def list_models(request: HttpRequest) -> HttpResponse:
                             alias.strip(), model, status, {"type": "alias", "modelID": model.id}
                         )
                     )
+    for record_id, extra in routing.listing_extras(config, rt.profile, states, set(config.models)):
+        data.append(_extra_record(record_id, extra))
     data.sort(key=lambda record: record["id"])
     return JsonResponse({"object": "list", "data": data})
 
@@ -268,6 +297,23 @@ def _model_record(
         meta["n_ctx"] = caps.context
     record["meta"] = meta
     record["status"] = {"value": status}
+    return record
+
+
+def _extra_record(record_id: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """A peer, selector or profile record (no capabilities: llama-swap gives them none)."""
+    record: dict[str, Any] = {
+        "id": record_id,
+        "object": "model",
+        "created": STARTED_AT,
+        "owned_by": "llamaswap",
+    }
+    for name in ("name", "description"):
+        text = str(extra.get(name) or "").strip()
+        if text:
+            record[name] = text
+    record["meta"] = {"llamaswap": {**extra.get("metadata", {}), **extra["internal"]}}
+    record["status"] = {"value": extra["status"]}
     return record
 
 
@@ -368,7 +414,10 @@ async def unload(request: HttpRequest, model_name: str | None = None) -> HttpRes
 
 
 async def queue(request: HttpRequest) -> HttpResponse:
-    """GET /api/queue: the waiting requests in dispatch order, with their scores now."""
+    """GET /api/queue: the waiting requests in dispatch order, with their scores now.
+
+    With several lanes (GPUs) each lane has its own order: ``waiting`` lists them merged by
+    score, each with its ``lane`` and its ``position`` in that lane (1 goes next there)."""
     dispatcher = runtime.current().dispatcher
     raw = request.GET.get("limit", "100")
     try:
@@ -379,10 +428,14 @@ async def queue(request: HttpRequest) -> HttpResponse:
         )
     now = dispatcher.now()
     model, state = dispatcher.model_state()
+    lanes = dispatcher.queue
+    position = {r.request.request_id: n for _, n, r in lanes.positions(now, limit)}
     waiting = [
         {
             "request_id": r.request.request_id,
             "model": r.request.model,
+            "lane": lanes.lane_for(r.request.model),
+            "position": position.get(r.request.request_id),
             "priority": r.request.priority,
             "band": r.request.band.value,
             "score": r.score,
@@ -396,6 +449,7 @@ async def queue(request: HttpRequest) -> HttpResponse:
         {
             "request_id": t.request_id,
             "model": t.model.id,
+            "lane": t.lane,
             "priority": t.priority,
             "state": t.state.value,
         }
@@ -408,6 +462,16 @@ async def queue(request: HttpRequest) -> HttpResponse:
             "running": running,
             "loaded_model": model,
             "model_state": state.name.lower(),
+            "lanes": [
+                {
+                    "lane": lane.name,
+                    "models": list(lane.models),
+                    "loaded": [{"model": m, "state": s.name.lower()} for m, s in lane.loaded.items()],
+                    "running": len(lane.running),
+                    "waiting": lane.waiting,
+                }
+                for lane in dispatcher.lanes()
+            ],
             "settings": dispatcher.settings.as_dict(),
         }
     )

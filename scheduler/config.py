@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from scheduler.core.lanes import DEFAULT_LANE
 from scheduler.core.policy import (
     DEFAULT_AGING_DIVISOR,
     DEFAULT_SWAP_AFFINITY_BONUS,
@@ -62,7 +63,6 @@ from scheduler.core.policy import (
     SchedulerSettings,
     SettingsError,
 )
-from scheduler.core.lanes import DEFAULT_LANE
 from scheduler.core.priority import BANDS, parse_priority_or_none
 from scheduler.core.swapper import (
     DEFAULT_GROUP,

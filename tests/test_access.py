@@ -37,6 +37,7 @@ LOGIN = "login"  # keys configured (or DASHBOARD_REQUIRE_LOGIN): a Django login,
 ADMIN = "admin"  # Django's admin: always a staff login
 EXEMPT = "exempt"  # open whatever is configured
 LOGIN_PAGE = "login page"  # open; a staff member already logged in is sent on
+STAFF = "staff"  # a staff login whatever is configured (others: 302 to the login)
 
 NO_MODEL = json.dumps({"model": "no-such-model", "messages": []}).encode()
 
@@ -56,6 +57,9 @@ RULES: dict[str, tuple[str, tuple[str, str, bytes]]] = {
     "metrics": (API_KEY, ("GET", "/metrics", b"")),
     "api/metrics/activity": (API_KEY, ("GET", "/api/metrics/activity", b"")),
     "api/requests/<str:request_id>": (API_KEY, ("GET", "/api/requests/no-such", b"")),
+    "api/profiles": (KEY_OR_STAFF, ("GET", "/api/profiles", b"")),
+    "api/profiles/active": (KEY_OR_STAFF, ("PUT", "/api/profiles/active", b'{"name": null}')),
+    "dashboard/profile/": (STAFF, ("GET", "/dashboard/profile/", b"")),
     "": (LOGIN, ("GET", "/", b"")),
     "dashboard/": (LOGIN, ("GET", "/dashboard/", b"")),
     "history/": (LOGIN, ("GET", "/history/", b"")),
@@ -150,6 +154,8 @@ def expected(kind: str, credential: str, baseline: int, keys: bool) -> int:
         return 200 if credential == "staff session" else 302
     if kind == LOGIN_PAGE:
         return 302 if credential == "staff session" else 200
+    if kind == STAFF:  # a GET: the form posts, so a staff member gets a 405
+        return 405 if credential == "staff session" else 302
     if not keys:
         return baseline
     if kind == API_KEY:
@@ -401,7 +407,7 @@ async def test_a_rebinding_host_cannot_open_the_websocket():
 async def test_dashboard_require_login_covers_the_json_api(settings, sessions):
     settings.DASHBOARD_REQUIRE_LOGIN = True
     async with in_process(_config()) as world:
-        for path in ("/api/metrics/activity", "/api/requests/no-such"):
+        for path in ("/api/metrics/activity", "/api/requests/no-such", "/api/profiles"):
             anonymous = await _request(world.app, "GET", path)
             assert anonymous.status == 403, path
             assert json.loads(anonymous.body)["error"]["code"] == "login_required"

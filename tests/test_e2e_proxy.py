@@ -128,7 +128,7 @@ def test_upstream_passthrough_loads_the_model_from_the_path(server):
     assert r.status_code == 200
     assert r.json()["path"] == "/some/native/path"
     assert httpx.get(server.url + "/running", timeout=5).json()["running"] == [
-        {"model": "qwen", "state": "ready"}
+        {"model": "qwen", "state": "ready", "lane": "default"}
     ]
 
 

@@ -40,6 +40,8 @@ def test_first_start_stores_the_config_file_values():
         "use": "serial",
         "agingDivisor": 60,
         "swapAffinityBonus": 10,
+        "agingCap": None,
+        "bandShare": {},
         "fifoPriority": {},
     }
 

@@ -100,7 +100,12 @@ def ms_secs(value: float | None) -> str:
 
 @register.filter
 def term_label(value: str) -> str:
-    return {"swap_affinity": "swap affinity", "aging": "aging"}.get(value, value)
+    return {
+        "swap_affinity": "swap affinity",
+        "aging": "aging",
+        "aging_cap": "aging cap",
+        "band_share": "band share",
+    }.get(value, value)
 
 
 @register.filter

@@ -12,6 +12,20 @@ The serial score of a waiting request at time ``now`` is::
 Equal scores keep arrival order. The fifo policy (llama-swap's) orders by
 ``fifo.priority[model] + header priority``, arrival order among equals, with no aging
 and no affinity.
+
+Two opt-in starvation bounds (both off by default, so the spec's order is unchanged):
+
+* ``agingCap`` (points, > 0): ``aging = min((now - arrival) / agingDivisor, agingCap)``.
+  Aging then lifts a request by at most ``agingCap`` points, reached after
+  ``agingCap * agingDivisor`` seconds: a request at priority ``p`` is never passed by one
+  below ``p - agingCap - swapAffinityBonus``. With a cap under 100 no request ever
+  crosses a whole band by waiting.
+* ``bandShare`` (band -> share of GPU time, each in 0..1, sum <= 1): while a band has work
+  waiting, it is owed ``share * (seconds since it last had nothing waiting)`` of GPU time.
+  When a band with work waiting has received less than it is owed, its best request goes
+  next, whatever the scores (the band furthest behind first). A band with work waiting
+  therefore never falls more than about one job's duration behind its share. GPU time is
+  counted from one pick to the next (the serial scheduler picks when the GPU frees up).
 """
 
 from __future__ import annotations
@@ -40,6 +54,10 @@ class Term(StrEnum):
 
     AGING = "aging"
     SWAP_AFFINITY = "swap_affinity"
+    AGING_CAP = "aging_cap"
+    """The cap on aging points (``agingCap``): uncapped aging would have picked another."""
+    BAND_SHARE = "band_share"
+    """A band's guaranteed share of GPU time (``bandShare``) overrode the score order."""
 
 
 SETTINGS_PREFIX = "routing.scheduler"
@@ -47,6 +65,8 @@ KEY_USE = f"{SETTINGS_PREFIX}.use"
 KEY_AGING = f"{SETTINGS_PREFIX}.settings.serial.agingDivisor"
 KEY_BONUS = f"{SETTINGS_PREFIX}.settings.serial.swapAffinityBonus"
 KEY_FIFO = f"{SETTINGS_PREFIX}.settings.fifo.priority"
+KEY_AGING_CAP = f"{SETTINGS_PREFIX}.settings.serial.agingCap"
+KEY_BAND_SHARE = f"{SETTINGS_PREFIX}.settings.serial.bandShare"
 
 DEFAULT_AGING_DIVISOR = 60
 DEFAULT_SWAP_AFFINITY_BONUS = 10
@@ -75,6 +95,10 @@ class SchedulerSettings:
     aging_divisor: float = DEFAULT_AGING_DIVISOR
     swap_affinity_bonus: int = DEFAULT_SWAP_AFFINITY_BONUS
     fifo_priority: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    aging_cap: float | None = None
+    """At most this many aging points (None: unbounded, the spec's default)."""
+    band_share: Mapping[Band, float] = field(default_factory=lambda: MappingProxyType({}))
+    """Guaranteed share of GPU time per band while it has work waiting (empty: off)."""
 
     @classmethod
     def create(
@@ -83,6 +107,8 @@ class SchedulerSettings:
         aging_divisor: object = DEFAULT_AGING_DIVISOR,
         swap_affinity_bonus: object = DEFAULT_SWAP_AFFINITY_BONUS,
         fifo_priority: Mapping[Any, Any] | None = None,
+        aging_cap: object = None,
+        band_share: Mapping[Any, Any] | None = None,
     ) -> SchedulerSettings:
         """Validate raw values (from YAML, a form or the command line).
 
@@ -116,6 +142,8 @@ class SchedulerSettings:
             aging_divisor=aging_divisor,
             swap_affinity_bonus=swap_affinity_bonus,
             fifo_priority=MappingProxyType(priorities),
+            aging_cap=_aging_cap(aging_cap),
+            band_share=MappingProxyType(_band_share(band_share)),
         )
 
     def with_changes(self, **changes: object) -> SchedulerSettings:
@@ -125,6 +153,8 @@ class SchedulerSettings:
             "aging_divisor": self.aging_divisor,
             "swap_affinity_bonus": self.swap_affinity_bonus,
             "fifo_priority": dict(self.fifo_priority),
+            "aging_cap": self.aging_cap,
+            "band_share": {band.value: share for band, share in self.band_share.items()},
         }
         unknown = set(changes) - set(values)
         if unknown:
@@ -138,7 +168,59 @@ class SchedulerSettings:
             "agingDivisor": self.aging_divisor,
             "swapAffinityBonus": self.swap_affinity_bonus,
             "fifoPriority": dict(self.fifo_priority),
+            "agingCap": self.aging_cap,
+            "bandShare": {band.value: share for band, share in self.band_share.items()},
         }
+
+    @property
+    def bounded(self) -> bool:
+        """Is an opt-in starvation bound on (``agingCap`` or ``bandShare``)?"""
+        return self.aging_cap is not None or bool(self.band_share)
+
+
+def _aging_cap(value: object) -> float | None:
+    """``agingCap``: None (absent: no cap) or a finite number > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SettingsError(KEY_AGING_CAP, value, "must be a number > 0 (or absent: no cap)")
+    if not math.isfinite(value) or value <= 0:
+        raise SettingsError(KEY_AGING_CAP, value, "must be a finite number > 0 (or absent: no cap)")
+    return value
+
+
+def _band_share(value: Mapping[Any, Any] | None) -> dict[Band, float]:
+    """``bandShare``: band name -> share in 0..1; the shares sum to at most 1. Zero shares
+    are dropped (a band without a share is scheduled by score alone)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SettingsError(
+            KEY_BAND_SHARE, value, "must be a map of band (interactive, normal, batch) to share"
+        )
+    shares: dict[Band, float] = {}
+    for name, share in value.items():
+        try:
+            band = Band(name if isinstance(name, str) else "")
+        except ValueError:
+            raise SettingsError(
+                KEY_BAND_SHARE, name, "bands are interactive, normal and batch"
+            ) from None
+        key = f"{KEY_BAND_SHARE}.{band.value}"
+        if isinstance(share, bool) or not isinstance(share, int | float):
+            raise SettingsError(key, share, "must be a number from 0 to 1")
+        if not math.isfinite(share) or not 0 <= share <= 1:
+            raise SettingsError(key, share, "must be a number from 0 to 1")
+        if share:
+            shares[band] = float(share)
+    total = sum(shares.values())
+    if total > 1 + 1e-9:
+        raise SettingsError(
+            KEY_BAND_SHARE,
+            {b.value: s for b, s in shares.items()},
+            f"the shares sum to {total:g}, more than 1",
+        )
+    return {band: shares[band] for band in sorted(shares, key=list(Band).index)}
 
 
 @dataclass(frozen=True, slots=True)

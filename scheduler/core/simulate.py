@@ -19,9 +19,16 @@ import json
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.core.estimate import (
+    ArrivalRates,
+    EstimateError,
+    RunningMeans,
+    estimate_error,
+    estimate_waits,
+)
 from scheduler.core.policy import (
     DEFAULT_AGING_DIVISOR,
     DEFAULT_SWAP_AFFINITY_BONUS,
@@ -40,10 +47,13 @@ DEFAULT_LOAD_SECONDS = 20.0
 GENERATED_LOAD_SECONDS: dict[str, float] = {"qwen3": 15.0, "llama3": 30.0, "flux": 45.0}
 
 # Settings names accepted by --set / --compare, as in the YAML (routing.scheduler...).
+# ``bandShare`` is given per band: ``bandShare.batch=0.25``; ``agingCap=none`` removes a cap.
 SETTING_NAMES: dict[str, str] = {
     "use": "use",
     "agingDivisor": "aging_divisor",
     "swapAffinityBonus": "swap_affinity_bonus",
+    "agingCap": "aging_cap",
+    "bandShare": "band_share",
 }
 
 
@@ -164,12 +174,15 @@ def parse_overrides(
     pairs: Iterable[str], base: SchedulerSettings | None = None
 ) -> SchedulerSettings:
     """Apply ``name=value`` overrides (``agingDivisor=600``, ``use=fifo``) to settings.
+    ``recommended`` stands for :data:`RECOMMENDED` (the opt-in bounds).
 
     Each pair may hold several comma-separated overrides. Raises :class:`SettingsError`
     naming the key for an unknown name, a missing ``=`` or an invalid value.
     """
     settings = base or SchedulerSettings()
     changes: dict[str, object] = {}
+    shares: dict[str, object] = {b.value: s for b, s in settings.band_share.items()}
+    pairs = [RECOMMENDED if p.strip() == "recommended" else p for p in pairs]
     for pair in pairs:
         for item in pair.split(","):
             item = item.strip()
@@ -179,10 +192,17 @@ def parse_overrides(
             name = name.strip()
             if not sep:
                 raise SettingsError(name, item, "expected name=value")
-            if name not in SETTING_NAMES:
-                known = ", ".join(SETTING_NAMES)
+            if name.startswith("bandShare."):
+                shares[name.removeprefix("bandShare.")] = _setting_value(value.strip())
+                changes["band_share"] = shares
+                continue
+            if name not in SETTING_NAMES or name == "bandShare":
+                known = ", ".join([*SETTING_NAMES][:-1]) + ", bandShare.<band>"
                 raise SettingsError(name, value, f"unknown setting (known: {known})")
-            changes[SETTING_NAMES[name]] = _setting_value(value.strip())
+            parsed = _setting_value(value.strip())
+            if name == "agingCap" and parsed in ("none", "null", ""):
+                parsed = None
+            changes[SETTING_NAMES[name]] = parsed
     return settings.with_changes(**changes) if changes else settings
 
 
@@ -196,6 +216,10 @@ def describe_settings(settings: SchedulerSettings) -> str:
             parts.append(f"agingDivisor={settings.aging_divisor:g}")
         if settings.swap_affinity_bonus != DEFAULT_SWAP_AFFINITY_BONUS:
             parts.append(f"swapAffinityBonus={settings.swap_affinity_bonus}")
+        if settings.aging_cap is not None:
+            parts.append(f"agingCap={settings.aging_cap:g}")
+        for band, share in settings.band_share.items():
+            parts.append(f"bandShare.{band.value}={share:g}")
     return ",".join(parts) or "defaults"
 
 
@@ -246,6 +270,13 @@ class SimResult:
     bands: Mapping[Band, BandResult]
     dispatches: tuple[Dispatch, ...]
     """Every job in dispatch order."""
+    reordered: Mapping[Term, int] = field(default_factory=dict)
+    """Dispatches each term changed, every term present (aging and swap_affinity too)."""
+    forced_swaps: int = 0
+    """Swaps with nothing waiting for the loaded model: only an idle GPU avoids them."""
+    estimate_errors: Mapping[Band, EstimateError] | None = None
+    """With ``estimate=True``: how far the estimated waits were from the waits that
+    followed, per band (every waiting request, estimated at every pick)."""
 
     @property
     def busy_share(self) -> float:
@@ -260,10 +291,8 @@ class SimResult:
             "busy_seconds": self.busy,
             "busy_share": self.busy_share,
             "makespan_seconds": self.makespan,
-            "reordered": {
-                Term.AGING.value: self.reordered_aging,
-                Term.SWAP_AFFINITY.value: self.reordered_affinity,
-            },
+            "forced_swaps": self.forced_swaps,
+            "reordered": {term.value: self.reordered.get(term, 0) for term in Term},
             "bands": {
                 band.value: {
                     "requests": r.requests,
@@ -273,6 +302,15 @@ class SimResult:
                 }
                 for band, r in self.bands.items()
             },
+            **(
+                {
+                    "estimate_error": {
+                        band.value: e.as_dict() for band, e in self.estimate_errors.items()
+                    }
+                }
+                if self.estimate_errors is not None
+                else {}
+            ),
         }
 
 
@@ -290,8 +328,14 @@ def simulate(
     load_seconds: Mapping[str, float] | None = None,
     default_load: float = DEFAULT_LOAD_SECONDS,
     label: str | None = None,
+    estimate: bool = False,
 ) -> SimResult:
-    """Replay ``trace`` (sorted by arrival, as :func:`load_trace` returns it)."""
+    """Replay ``trace`` (sorted by arrival, as :func:`load_trace` returns it).
+
+    With ``estimate``, at every pick the estimated wait of every waiting request
+    (:mod:`scheduler.core.estimate`, from the means of the jobs finished so far) is
+    compared with the wait that followed.
+    """
     loads = dict(load_seconds or {})
     queue = WaitingQueue(settings)
     pick, add = queue.pick, queue.add  # the hot loop: bind once
@@ -300,40 +344,94 @@ def simulate(
     free_at = -math.inf
     loaded: str | None = None
     busy = 0.0
-    swaps = aging = affinity = 0
+    swaps = forced = 0
+    reorders = dict.fromkeys(Term, 0)
     dispatches: list[Dispatch] = []
-    waits: dict[Band, list[float]] = {band: [] for band in BANDS}
     by_id: dict[str, TraceRequest] = {}
+    means = RunningMeans()
+    rates = ArrivalRates()
+    estimates: list[tuple[str, float, float]] = []  # (request id, at, estimated wait)
     while i < n or len(queue):
         # The next dispatch instant: the running job's end, or the next arrival if idle.
         now = free_at if len(queue) else max(free_at, trace[i].arrival)
         while i < n and trace[i].arrival <= now:
             r = trace[i]
             by_id[r.request_id] = r
-            add(QueuedRequest(r.request_id, r.model, r.priority, r.arrival))
+            request = QueuedRequest(r.request_id, r.model, r.priority, r.arrival)
+            add(request)
+            rates.add(request.band, r.arrival)
             i += 1
+        if estimate:
+            ranked = queue.peek(now)
+            times = means.times(default_load, rates, now)
+            guesses = estimate_waits(ranked, queue.loaded_models, 0.0, times)
+            estimates += [
+                (x.request.request_id, now, g) for x, g in zip(ranked, guesses, strict=True)
+            ]
+        nothing_for_loaded = loaded is None or not queue.waiting_for(loaded)
         decision = pick(now)
         assert decision is not None
         job = by_id.pop(decision.request_id)
         cost = job.service
         swap = decision.model != loaded
         if swap:
-            cost += loads.get(decision.model, default_load)
+            load = loads.get(decision.model, default_load)
+            cost += load
+            means.add_load(decision.model, load)
             loaded = decision.model
             queue.set_loaded_model(loaded)
             swaps += 1
+            forced += nothing_for_loaded
+        means.add_service(job.model, job.service, decision.band)
         reordered = decision.reordered_by
-        if reordered:
-            aging += Term.AGING in reordered
-            affinity += Term.SWAP_AFFINITY in reordered
+        for term in reordered:
+            reorders[term] += 1
         free_at = now + cost
         busy += cost
-        waits[decision.band].append(now - job.arrival)
         dispatches.append(
             Dispatch(
                 job.request_id, job.model, decision.band, job.arrival, now, free_at, swap, reordered
             )
         )
+    errors = None
+    if estimate:
+        start = {d.request_id: (d.start, d.band) for d in dispatches}
+        pairs: dict[Band, list[tuple[float, float]]] = {band: [] for band in BANDS}
+        for request_id, at, guess in estimates:
+            began, band = start[request_id]
+            pairs[band].append((guess, began - at))
+        errors = {band: estimate_error(p) for band, p in pairs.items()}
+    return summarize(
+        trace,
+        dispatches,
+        settings,
+        label=label or describe_settings(settings),
+        busy=busy,
+        reorders=reorders,
+        forced_swaps=forced,
+        estimate_errors=errors,
+    )
+
+
+def summarize(
+    trace: Sequence[TraceRequest],
+    dispatches: Sequence[Dispatch],
+    settings: SchedulerSettings,
+    label: str,
+    busy: float,
+    reorders: Mapping[Term, int] | None = None,
+    forced_swaps: int = 0,
+    estimate_errors: Mapping[Band, EstimateError] | None = None,
+) -> SimResult:
+    """The figures of a run, simulated or recorded (dispatches in dispatch order)."""
+    reorders = dict(reorders) if reorders is not None else dict.fromkeys(Term, 0)
+    if not any(reorders.values()):
+        for d in dispatches:
+            for term in d.reordered_by:
+                reorders[term] = reorders.get(term, 0) + 1
+    waits: dict[Band, list[float]] = {band: [] for band in BANDS}
+    for d in dispatches:
+        waits[d.band].append(d.wait)
     bands = {}
     for band, values in waits.items():
         values.sort()
@@ -343,18 +441,22 @@ def simulate(
             wait_p95=percentile(values, 95),
             wait_max=values[-1] if values else 0.0,
         )
-    makespan = free_at - trace[0].arrival if trace else 0.0
+    first = min((r.arrival for r in trace), default=0.0)
+    makespan = max((d.finish for d in dispatches), default=first) - first
     return SimResult(
-        label=label or describe_settings(settings),
+        label=label,
         settings=settings,
-        requests=n,
-        swaps=swaps,
+        requests=len(dispatches),
+        swaps=sum(d.swap for d in dispatches),
         busy=busy,
         makespan=makespan,
-        reordered_aging=aging,
-        reordered_affinity=affinity,
+        reordered_aging=reorders.get(Term.AGING, 0),
+        reordered_affinity=reorders.get(Term.SWAP_AFFINITY, 0),
         bands=bands,
         dispatches=tuple(dispatches),
+        reordered=reorders,
+        forced_swaps=forced_swaps,
+        estimate_errors=estimate_errors,
     )
 
 
@@ -375,7 +477,7 @@ def format_duration(seconds: float) -> str:
     return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
 
 
-def _rows(result: SimResult) -> list[tuple[str, str]]:
+def _rows(result: SimResult, extra_terms: Sequence[Term] = ()) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
     for band in BANDS:
         r = result.bands[band]
@@ -393,17 +495,34 @@ def _rows(result: SimResult) -> list[tuple[str, str]]:
         ("reordered by aging", str(result.reordered_aging)),
         ("reordered by swap_affinity", str(result.reordered_affinity)),
     ]
+    for term in extra_terms:
+        rows.append((f"reordered by {term.value}", str(result.reordered.get(term, 0))))
     return rows
+
+
+def table_rows(results: Sequence[SimResult]) -> tuple[list[str], list[list[str]]]:
+    """The table's header (the labels) and rows (metric name, then one cell per result);
+    the reorder rows of the opt-in terms only when a result uses them."""
+    extra = [
+        term
+        for term, on in (
+            (Term.AGING_CAP, any(r.settings.aging_cap is not None for r in results)),
+            (Term.BAND_SHARE, any(r.settings.band_share for r in results)),
+        )
+        if on
+    ]
+    columns = [_rows(r, extra) for r in results]
+    names = [name for name, _ in columns[0]] if columns else []
+    header = ["", *(r.label for r in results)]
+    body = [[name, *(col[k][1] for col in columns)] for k, name in enumerate(names)]
+    return header, body
 
 
 def format_table(results: Sequence[SimResult]) -> str:
     """Metrics as rows, one column per result (settings variant)."""
     if not results:
         return ""
-    columns = [_rows(r) for r in results]
-    names = [name for name, _ in columns[0]]
-    header = ["", *(r.label for r in results)]
-    body = [[name, *(col[k][1] for col in columns)] for k, name in enumerate(names)]
+    header, body = table_rows(results)
     widths = [max(len(row[c]) for row in [header, *body]) for c in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
@@ -428,8 +547,8 @@ _FLOOD_WINDOW = 300.0
 """A flood arrives within this many seconds (one script submitting its jobs)."""
 
 
-def generate_trace(n: int = 1000, seed: int = 0) -> list[TraceRequest]:
-    """A synthetic trace of ``n`` requests, the same for the same seed.
+def _overload_trace(n: int, seed: int) -> list[TraceRequest]:
+    """The overloaded trace of ``n`` requests, the same for the same seed.
 
     One simulated day per 1000 requests. In it: interactive chat in bursts (a person
     sending 3-12 messages a few seconds apart, service 1-10 s, mostly during the
@@ -439,8 +558,6 @@ def generate_trace(n: int = 1000, seed: int = 0) -> list[TraceRequest]:
     qwen3 and llama3 for chat, flux for renders; see :data:`GENERATED_LOAD_SECONDS`.
     Priorities are the anchors plus a tier offset 0, +1 or +2.
     """
-    if n < 0:
-        raise ValueError("n must be >= 0")
     rng = random.Random(seed)
     horizon = max(3600.0, _DAY * n / _REQUESTS_PER_DAY)
     n_batch = n // 5
@@ -488,6 +605,14 @@ def generate_trace(n: int = 1000, seed: int = 0) -> list[TraceRequest]:
             raw.append((t, model, 100 + offset, rng.uniform(1, 10)))
             t += rng.uniform(5, 40)  # read, think, type
 
+    return _finish(raw)
+
+
+_Raw = tuple[float, str, int, float]
+"""(arrival, model, priority, service) of a generated request."""
+
+
+def _finish(raw: list[_Raw]) -> list[TraceRequest]:
     raw.sort(key=lambda item: item[0])
     return [
         TraceRequest(
@@ -501,6 +626,189 @@ def generate_trace(n: int = 1000, seed: int = 0) -> list[TraceRequest]:
     ]
 
 
+def _mixed_request(rng: random.Random) -> tuple[str, int, float]:
+    """One request of the steady and bursty traces: 45% interactive chat (1-10 s), 35%
+    normal (5-60 s), 20% batch (60-900 s log-uniform, flux or llama3); tier offsets."""
+    tier = rng.choice((0, 0, 0, 1, 2))
+    kind = rng.random()
+    if kind < 0.45:
+        model = rng.choices(("qwen3", "llama3"), weights=(7, 3))[0]
+        return model, 100 + tier, rng.uniform(1, 10)
+    if kind < 0.80:
+        model = rng.choices(("llama3", "qwen3", "flux"), weights=(5, 3, 2))[0]
+        return model, tier, rng.uniform(5, 60)
+    model = rng.choices(("flux", "llama3"), weights=(3, 1))[0]
+    return model, -100 + tier, math.exp(rng.uniform(math.log(60), math.log(900)))
+
+
+def _steady_trace(n: int, seed: int, load: float = 0.7) -> list[TraceRequest]:
+    """Poisson arrivals of the mixed requests, the GPU ``load`` busy with service alone
+    (cold loads come on top)."""
+    rng = random.Random(seed)
+    jobs = [_mixed_request(rng) for _ in range(n)]
+    horizon = sum(job[2] for job in jobs) / load
+    rate = n / horizon if horizon else 0.0
+    raw: list[_Raw] = []
+    t = 0.0
+    for model, priority, service in jobs:
+        t += rng.expovariate(rate)
+        raw.append((t, model, priority, service))
+    return _finish(raw)
+
+
+def _bursty_trace(n: int, seed: int) -> list[TraceRequest]:
+    """Bursts of the mixed requests: every burst offers twice what the GPU can do while
+    it lasts, then the box is quiet long enough that it is 60% busy overall; batch jobs
+    come in bursts too (a script submitting 5-30 at once)."""
+    rng = random.Random(seed)
+    raw: list[_Raw] = []
+    t = 0.0
+    made = 0
+    while made < n:
+        size = min(n - made, rng.randint(20, 80))
+        jobs = [_mixed_request(rng) for _ in range(size)]
+        work = sum(job[2] for job in jobs)
+        window = work / 2.0  # offered at twice the GPU's speed
+        batch_at = t + rng.uniform(0, window)
+        for model, priority, service in jobs:
+            at = batch_at + rng.uniform(0, 60) if priority <= -50 else t + rng.uniform(0, window)
+            raw.append((at, model, priority, service))
+        made += size
+        t += work / 0.6  # the next burst once the box has been 60% busy on average
+    return _finish(raw)
+
+
+TRACE_SHAPES = ("overload", "steady", "bursty")
+
+
+def generate_trace(n: int = 1000, seed: int = 0, shape: str = "overload") -> list[TraceRequest]:
+    """A synthetic trace of ``n`` requests, the same for the same seed and shape.
+
+    ``overload`` (the default): :func:`_overload_trace`, a day with a flood of 200 batch
+    jobs; ``steady``: Poisson arrivals keeping the GPU 70% busy; ``bursty``: bursts at
+    twice the GPU's speed, 60% busy overall.
+    """
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    if shape == "overload":
+        return _overload_trace(n, seed)
+    if shape == "steady":
+        return _steady_trace(n, seed)
+    if shape == "bursty":
+        return _bursty_trace(n, seed)
+    raise ValueError(f"unknown trace shape {shape!r} (known: {', '.join(TRACE_SHAPES)})")
+
+
 def load_flags(loads: Mapping[str, float]) -> str:
     """``--load-seconds`` flags for a mapping of model to seconds."""
     return " ".join(f"--load-seconds {model}={seconds:g}" for model, seconds in loads.items())
+
+
+# -- the targets -----------------------------------------------------------------------
+
+RECOMMENDED = "agingCap=100,swapAffinityBonus=30,bandShare.batch=0.2"
+"""The opt-in settings the README recommends for a box that is overloaded at times."""
+
+
+@dataclass(frozen=True)
+class TargetCheck:
+    """One trace: fifo, the spec's defaults and a candidate side by side, with the
+    ratios the targets bound and what no order could beat."""
+
+    shape: str
+    fifo: SimResult
+    defaults: SimResult
+    candidate: SimResult
+    batch_first_max: float
+    """Batch maximum wait when batch goes before everything (arrival order): the least
+    any order of the same jobs can give the batch band's last job, loads aside."""
+
+    def ratios(self) -> dict[str, float]:
+        f, c = self.fifo, self.candidate
+        return {
+            "interactive_p95": _ratio(
+                c.bands[Band.INTERACTIVE].wait_p95, f.bands[Band.INTERACTIVE].wait_p95
+            ),
+            "batch_max": _ratio(c.bands[Band.BATCH].wait_max, f.bands[Band.BATCH].wait_max),
+            "swaps": _ratio(c.swaps, f.swaps),
+        }
+
+
+TARGETS = {"interactive_p95": 1.1, "batch_max": 0.7, "swaps": 0.5}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else (1.0 if not a else math.inf)
+
+
+def batch_first(trace: Sequence[TraceRequest]) -> list[TraceRequest]:
+    """The same trace with every batch request above every other (for the bound)."""
+    return [
+        TraceRequest(
+            r.request_id, r.arrival, r.model, 10_000 if r.priority <= -50 else r.priority, r.service
+        )
+        for r in trace
+    ]
+
+
+def check_targets(
+    shape: str,
+    trace: Sequence[TraceRequest],
+    candidate: SchedulerSettings,
+    loads: Mapping[str, float],
+    label: str | None = None,
+) -> TargetCheck:
+    fifo_settings = SchedulerSettings.create(use="fifo")
+    first = simulate(batch_first(trace), fifo_settings, loads)
+    batch_ids = {r.request_id for r in trace if r.priority <= -50}
+    bound = max((d.wait for d in first.dispatches if d.request_id in batch_ids), default=0.0)
+    return TargetCheck(
+        shape=shape,
+        fifo=simulate(trace, fifo_settings, loads, label="use=fifo"),
+        defaults=simulate(trace, SchedulerSettings(), loads, label="defaults"),
+        candidate=simulate(trace, candidate, loads, label=label),
+        batch_first_max=bound,
+    )
+
+
+def _show(result: SimResult, key: str) -> str:
+    if key == "interactive_p95":
+        return format_duration(result.bands[Band.INTERACTIVE].wait_p95)
+    if key == "batch_max":
+        return format_duration(result.bands[Band.BATCH].wait_max)
+    return str(result.swaps)
+
+
+def format_targets(checks: Sequence[TargetCheck]) -> str:
+    """The targets as a Markdown table (README and BENCHMARKS.md)."""
+    out = [
+        "| trace | measure | fifo | defaults | candidate | candidate / fifo | target | |",
+        "| :-- | :-- | --: | --: | --: | --: | --: | :-- |",
+    ]
+    for check in checks:
+        ratios = check.ratios()
+        rows = [
+            ("interactive wait p95", "interactive_p95"),
+            ("batch wait max", "batch_max"),
+            ("swaps", "swaps"),
+        ]
+        for name, key in rows:
+            target = TARGETS[key]
+            met = "met" if ratios[key] <= target + 1e-9 else "**missed**"
+            out.append(
+                f"| {check.shape} | {name} | {_show(check.fifo, key)} | "
+                f"{_show(check.defaults, key)} | {_show(check.candidate, key)} | "
+                f"{ratios[key]:.2f}x | <= {target:g}x | {met} |"
+            )
+        out.append(
+            f"| {check.shape} | batch wait max, batch before everything (bound) | | | "
+            f"{format_duration(check.batch_first_max)} | "
+            f"{_ratio(check.batch_first_max, check.fifo.bands[Band.BATCH].wait_max):.2f}x | | |"
+        )
+        out.append(
+            f"| {check.shape} | swaps forced (nothing waiting for the loaded model) | "
+            f"{check.fifo.forced_swaps} | {check.defaults.forced_swaps} | "
+            f"{check.candidate.forced_swaps} | "
+            f"{_ratio(check.candidate.forced_swaps, check.fifo.swaps):.2f}x | | |"
+        )
+    return "\n".join(out)

@@ -1,27 +1,45 @@
 """``llamaswap simulate`` (``manage.py simulate``): replay a JSONL trace through the scheduler on a virtual clock.
 
 Parses arguments and files, then loops over settings variants; the work is in
-scheduler/core/simulate.py (pure).
+scheduler/core/simulate.py (pure). Modes:
+
+* ``simulate TRACE``: replay a trace file (``--compare`` variants side by side).
+* ``simulate --from-history [--since T] [--until T]``: the activity log as the trace;
+  the first columns are what happened and the replay of the settings in effect, with
+  the replay's error against the recorded waits.
+* ``simulate --targets``: the three generated traces (overload, steady, bursty), fifo
+  against the defaults and a candidate (``--set``, default the recommended settings).
+* ``simulate --generate OUT``: write a synthetic trace (``--shape``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from datetime import datetime, time
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+from django.utils.module_loading import import_string
 
 from scheduler.core.policy import SchedulerSettings, SettingsError
+from scheduler.core.replay import from_history, replay_error
 from scheduler.core.simulate import (
     DEFAULT_LOAD_SECONDS,
     GENERATED_LOAD_SECONDS,
+    RECOMMENDED,
+    TRACE_SHAPES,
+    SimResult,
     TraceError,
     TraceRequest,
+    check_targets,
     describe_settings,
     format_duration,
     format_table,
+    format_targets,
     generate_trace,
     load_flags,
     load_trace,
@@ -40,6 +58,22 @@ def parse_load(text: str) -> tuple[str, float]:
     if not sep or not model or not math.isfinite(seconds) or seconds < 0:
         raise CommandError(f"--load-seconds {text!r}: expected MODEL=SECONDS with SECONDS >= 0")
     return model, seconds
+
+
+def parse_when(text: str | None, flag: str) -> datetime | None:
+    """An ISO date or date-time (naive: the server's time zone); CommandError if not."""
+    if not text:
+        return None
+    when = parse_datetime(text)
+    if when is None:
+        day = parse_date(text)
+        if day is not None:
+            when = datetime.combine(day, time())
+    if when is None:
+        raise CommandError(f"{flag} {text!r}: expected a date (2026-12-01) or date-time")
+    if timezone.is_naive(when):
+        when = timezone.make_aware(when)
+    return when
 
 
 def settings_for(overrides: list[str], base: SchedulerSettings) -> SchedulerSettings:
@@ -88,7 +122,37 @@ class Command(BaseCommand):
             '"agingDivisor=60,swapAffinityBonus=0" (each on top of --set)',
         )
         parser.add_argument("--json", action="store_true", help="print machine-readable results")
+        parser.add_argument(
+            "--estimate",
+            action="store_true",
+            help="also measure the estimated wait of every waiting request against the wait "
+            "that followed",
+        )
+        parser.add_argument(
+            "--from-history",
+            action="store_true",
+            help="replay the activity log (the stored requests) instead of a trace file",
+        )
+        parser.add_argument(
+            "--since", metavar="TIME", help="--from-history: first arrival (ISO date or time)"
+        )
+        parser.add_argument(
+            "--until", metavar="TIME", help="--from-history: arrivals before (ISO date or time)"
+        )
+        parser.add_argument(
+            "--targets",
+            action="store_true",
+            help="check the overload targets on the generated traces: fifo, defaults and "
+            f"--set (default: {RECOMMENDED})",
+        )
         parser.add_argument("--generate", metavar="OUT.jsonl", help="write a synthetic trace")
+        parser.add_argument(
+            "--shape",
+            choices=TRACE_SHAPES,
+            default="overload",
+            help="--generate: overload (a day with a flood of batch jobs; the default), "
+            "steady (70%% busy), bursty",
+        )
         parser.add_argument(
             "--requests", type=int, default=1000, help="--generate: requests (default 1000)"
         )
@@ -98,20 +162,30 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["generate"]:
-            self.generate(Path(options["generate"]), options["requests"], options["seed"])
+            self.generate(
+                Path(options["generate"]), options["requests"], options["seed"], options["shape"]
+            )
             return
-        if not options["trace"]:
-            raise CommandError("give a trace to replay, or --generate OUT.jsonl")
         default_load = options["default_load_seconds"]
         if not math.isfinite(default_load) or default_load < 0:
             raise CommandError("--default-load-seconds must be a number >= 0")
         loads = dict(parse_load(text) for text in options["load_seconds"])
+        if options["targets"]:
+            self.targets(options)
+            return
+        if options["from_history"]:
+            self.from_history(options, loads, default_load)
+            return
+        if not options["trace"]:
+            raise CommandError("give a trace to replay, --from-history, or --generate OUT.jsonl")
         base = settings_for(options["set"], SchedulerSettings())
         variants = [settings_for([v], base) for v in options["compare"]] or [base]
         labels = options["compare"] or [None]
         trace = self.read_trace(Path(options["trace"]))
         results = [
-            simulate(trace, settings, loads, default_load, label=label)
+            simulate(
+                trace, settings, loads, default_load, label=label, estimate=options["estimate"]
+            )
             for settings, label in zip(variants, labels, strict=True)
         ]
         if options["json"]:
@@ -123,6 +197,123 @@ class Command(BaseCommand):
         if options["compare"] and options["set"]:
             self.stdout.write(f"every variant on top of: {describe_settings(base)}")
         self.stdout.write(format_table(results))
+        self.write_estimates(results)
+
+    def write_estimates(self, results: list[SimResult]) -> None:
+        for result in results:
+            if result.estimate_errors is None:
+                continue
+            self.stdout.write(f"estimated wait, {result.label}: error (actual - estimate)")
+            for band, e in result.estimate_errors.items():
+                self.stdout.write(
+                    f"  {band.value:<12} {e.samples:>7} estimates  |error| p50 "
+                    f"{format_duration(e.abs_p50)}, p90 {format_duration(e.abs_p90)}; "
+                    f"{e.within_factor_2:.0%} within 2x"
+                )
+
+    def targets(self, options: dict[str, Any]) -> None:
+        candidate_text = ",".join(options["set"]) or RECOMMENDED
+        candidate = settings_for([candidate_text], SchedulerSettings())
+        checks = [
+            check_targets(
+                shape,
+                generate_trace(options["requests"], options["seed"], shape),
+                candidate,
+                GENERATED_LOAD_SECONDS,
+                label=candidate_text,
+            )
+            for shape in TRACE_SHAPES
+        ]
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    [
+                        {
+                            "shape": c.shape,
+                            "ratios": c.ratios(),
+                            "batch_first_max_seconds": c.batch_first_max,
+                            "fifo": c.fifo.as_dict(),
+                            "defaults": c.defaults.as_dict(),
+                            "candidate": c.candidate.as_dict(),
+                        }
+                        for c in checks
+                    ],
+                    indent=2,
+                )
+            )
+            return
+        self.stdout.write(
+            f"candidate: {candidate_text}; {options['requests']} requests per trace, seed "
+            f"{options['seed']}; {load_flags(GENERATED_LOAD_SECONDS)}"
+        )
+        self.stdout.write(format_targets(checks))
+
+    def from_history(
+        self, options: dict[str, Any], loads: dict[str, float], default_load: float
+    ) -> None:
+        # The command is the composition point for this mode: it reads the activity log
+        # (a layer above the scheduler) by name, only when asked to.
+        history_rows = import_string("activity.history.history_rows")
+        stored_settings = import_string("dashboard.settings_store.stored_settings")
+        since, until = (
+            parse_when(options["since"], "--since"),
+            parse_when(options["until"], "--until"),
+        )
+        rows, origin = history_rows(since, until)
+        if not rows:
+            raise CommandError("no recorded requests in that window")
+        current = stored_settings() or SchedulerSettings()
+        current = settings_for(options["set"], current)
+        history = from_history(rows, current, default_load)
+        measured = {**history.loads, **loads}
+        replay = simulate(
+            history.trace,
+            current,
+            measured,
+            default_load,
+            label="replay: " + describe_settings(current),
+            estimate=options["estimate"],
+        )
+        results = [history.recorded, replay]
+        results += [
+            simulate(
+                history.trace,
+                settings_for([v], current),
+                measured,
+                default_load,
+                label=v,
+                estimate=options["estimate"],
+            )
+            for v in options["compare"]
+        ]
+        error = replay_error(history.recorded, replay)
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "requests": len(history.trace),
+                        "skipped_never_dispatched": history.skipped,
+                        "loads": measured,
+                        "replay_error": error.as_dict(),
+                        "results": [r.as_dict() for r in results],
+                    },
+                    indent=2,
+                )
+            )
+            return
+        load_text = " ".join(f"{m}={format_duration(s)}" for m, s in sorted(measured.items()))
+        self.stdout.write(
+            f"history from {origin:%Y-%m-%d %H:%M:%S %Z}: {len(history.trace)} dispatched requests "
+            f"({history.skipped} never dispatched, left out); measured cold load {load_text}"
+        )
+        self.stdout.write(format_table(results))
+        self.stdout.write(
+            f"replay error of the settings in effect ({describe_settings(current)}), per request "
+            f"|replayed wait - recorded wait|: p50 {format_duration(error.abs_p50)}, "
+            f"p90 {format_duration(error.abs_p90)}, max {format_duration(error.abs_max)}; "
+            f"{error.same_order:.0%} of picks in the same order"
+        )
+        self.write_estimates(results)
 
     def read_trace(self, path: Path) -> list[TraceRequest]:
         try:
@@ -135,14 +326,14 @@ class Command(BaseCommand):
         except TraceError as exc:
             raise CommandError(f"{path}: {exc}") from None
 
-    def generate(self, path: Path, requests: int, seed: int) -> None:
+    def generate(self, path: Path, requests: int, seed: int, shape: str = "overload") -> None:
         if requests < 0:
             raise CommandError("--requests must be >= 0")
-        trace = generate_trace(requests, seed)
+        trace = generate_trace(requests, seed, shape)
         try:
             with path.open("w", encoding="utf-8") as f:
                 f.writelines(r.as_json() + "\n" for r in trace)
         except OSError as exc:
             raise CommandError(f"cannot write {path}: {exc.strerror}") from None
-        self.stdout.write(f"wrote {len(trace)} requests to {path} (seed {seed})")
+        self.stdout.write(f"wrote {len(trace)} requests to {path} ({shape}, seed {seed})")
         self.stdout.write(f"replay with: {load_flags(GENERATED_LOAD_SECONDS)}")

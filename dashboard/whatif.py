@@ -1,0 +1,327 @@
+"""The what-if page: replay a window of the recorded history under the settings in
+effect and up to three candidates, side by side with what happened; and the advisor.
+
+The replay runs in one worker thread (never on the event loop, never two at once), and
+its result is cached per window, candidates, settings and the rows in the window (their
+count and last id), so a page reload is free and a new request recorded in the window
+computes afresh. While it runs the page says so and reloads itself. 100,000 records take
+a few seconds per column (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time as clock
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Any
+
+from django.db.models import Count, Max
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from activity.history import history_rows
+from activity.models import RequestRecord
+from dashboard.settings_store import stored_settings
+from dashboard.views import BadFilter, _parse_when, _zone, read_only_page
+from proxy.errors import echo
+from scheduler.core.advisor import (
+    Advice,
+    CrossBand,
+    advise,
+    aging_decides,
+    cross_band,
+    suggestion,
+)
+from scheduler.core.policy import SchedulerSettings, SettingsError
+from scheduler.core.priority import BANDS, Band
+from scheduler.core.replay import ReplayError, from_history, replay_error
+from scheduler.core.simulate import (
+    SimResult,
+    describe_settings,
+    format_duration,
+    parse_overrides,
+    simulate,
+    table_rows,
+)
+
+log = logging.getLogger("llamaswap.whatif")
+
+MAX_CANDIDATES = 3
+DEFAULT_WINDOW = timedelta(days=1)
+CACHE_SIZE = 16
+REFRESH_SECONDS = 2
+EXAMPLES = ("agingCap=100,swapAffinityBonus=30,bandShare.batch=0.2", "agingDivisor=600", "use=fifo")
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """One computed page."""
+
+    results: list[SimResult]
+    """What happened, the replay of the settings in effect, then each candidate."""
+    error: ReplayError
+    """The replay of the settings in effect against what happened."""
+    advice: Advice | None
+    crossing: CrossBand
+    requests: int
+    skipped: int
+    loads: dict[str, float]
+    origin: datetime | None
+    seconds: float
+    """How long the computation took."""
+
+
+def current_settings() -> SchedulerSettings:
+    """The running dispatcher's settings (same process), else the stored ones."""
+    from scheduler import runtime
+
+    if runtime.is_running():
+        return runtime.current().dispatcher.settings
+    return stored_settings() or SchedulerSettings()
+
+
+def compute(
+    since: datetime | None,
+    until: datetime | None,
+    candidates: Sequence[tuple[str, SchedulerSettings]],
+    current: SchedulerSettings,
+) -> WhatIf:
+    """Read the window and replay it (seconds for 100,000 rows: call it off the loop)."""
+    started = clock.perf_counter()
+    rows, origin = history_rows(since, until)
+    history = from_history(rows, current)
+    loads = history.loads
+
+    def run(settings: SchedulerSettings, label: str) -> SimResult:
+        return simulate(history.trace, settings, loads, label=label)
+
+    replay = run(current, "replay: " + describe_settings(current))
+    results = [history.recorded, replay]
+    results += [run(settings, label) for label, settings in candidates]
+    suggested = suggestion(current)
+    crossing = cross_band(history.recorded)
+    advice = None
+    if suggested != current and aging_decides(crossing):
+        same = next((r for r in results[2:] if r.settings == suggested), None)
+        advice = advise(history.recorded, current, replay, same or run(suggested, "suggested"))
+    return WhatIf(
+        results=results,
+        error=replay_error(history.recorded, replay),
+        advice=advice,
+        crossing=crossing,
+        requests=len(history.trace),
+        skipped=history.skipped,
+        loads=loads,
+        origin=origin,
+        seconds=clock.perf_counter() - started,
+    )
+
+
+# -- the worker and the cache ------------------------------------------------------------
+
+_lock = threading.Lock()
+_cache: OrderedDict[tuple[Any, ...], WhatIf] = OrderedDict()
+_running: dict[tuple[Any, ...], Future[WhatIf]] = {}
+_failed: dict[tuple[Any, ...], str] = {}
+_executor: ThreadPoolExecutor | None = None
+
+
+def _submit(fn: Callable[[], WhatIf]) -> Future[WhatIf]:
+    """Run ``fn`` on the one worker thread (tests replace this to run it inline)."""
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="whatif")
+    return _executor.submit(fn)
+
+
+def _done(key: tuple[Any, ...], future: Future[WhatIf]) -> None:
+    with _lock:
+        _running.pop(key, None)
+        error = future.exception()
+        if error is not None:
+            log.warning("what-if replay failed", exc_info=error)
+            _failed[key] = str(error) or type(error).__name__
+            return
+        _cache[key] = future.result()
+        _cache.move_to_end(key)
+        while len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+
+
+def lookup_or_start(key: tuple[Any, ...], fn: Callable[[], WhatIf]) -> WhatIf | str | None:
+    """The cached result; or an error message; or None after starting (or while
+    running) the computation."""
+    with _lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
+        if key in _failed:
+            return _failed.pop(key)
+        if key in _running:
+            return None
+
+    def job() -> WhatIf:
+        from django.db import close_old_connections
+
+        try:
+            return fn()
+        finally:
+            close_old_connections()
+
+    future = _submit(job)
+    with _lock:
+        if not future.done():
+            _running[key] = future
+    future.add_done_callback(lambda f: _done(key, f))
+    with _lock:
+        return _cache.get(key)
+
+
+def clear() -> None:
+    with _lock:
+        _cache.clear()
+        _failed.clear()
+
+
+# -- charts --------------------------------------------------------------------------------
+
+CHART_W, CHART_H = 320, 150
+QUANTILES = (0, 10, 25, 50, 75, 90, 95, 99, 100)
+COLORS = ("#444", "#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+
+
+def _y(seconds: float, top: float) -> float:
+    """Log scale from 1 s (bottom) to ``top`` seconds (top of the chart)."""
+    span = math.log10(max(top, 10.0))
+    value = math.log10(max(seconds, 1.0))
+    return round(CHART_H - CHART_H * value / span, 1)
+
+
+def charts(results: Sequence[SimResult]) -> list[dict[str, Any]]:
+    """Per band: one polyline per column, the wait at each percentile (log scale)."""
+    out = []
+    for band in BANDS:
+        series = []
+        top = 10.0
+        for result in results:
+            waits = sorted(d.wait for d in result.dispatches if d.band is band)
+            if waits:
+                top = max(top, waits[-1])
+            series.append(waits)
+        lines = []
+        for k, (result, waits) in enumerate(zip(results, series, strict=True)):
+            if not waits:
+                continue
+            points = []
+            for q in QUANTILES:
+                value = waits[min(len(waits) - 1, max(0, math.ceil(q / 100 * len(waits)) - 1))]
+                points.append(f"{round(q / 100 * CHART_W, 1)},{_y(value, top)}")
+            lines.append(
+                {
+                    "label": result.label,
+                    "color": COLORS[k % len(COLORS)],
+                    "points": " ".join(points),
+                    "dashed": k == 0,
+                }
+            )
+        ticks = [
+            {"y": _y(s, top), "label": format_duration(s)} for s in (1, 60, 3600, 86400) if s <= top
+        ]
+        out.append(
+            {"band": band.value, "lines": lines, "ticks": ticks, "top": format_duration(top)}
+        )
+    return out
+
+
+# -- the page ------------------------------------------------------------------------------
+
+
+def _stamp(since: datetime | None, until: datetime | None) -> tuple[int, int]:
+    rows = RequestRecord.objects.all()
+    if since is not None:
+        rows = rows.filter(arrived_at__gte=since)
+    if until is not None:
+        rows = rows.filter(arrived_at__lt=until)
+    agg = rows.aggregate(n=Count("id"), last=Max("id"))
+    return int(agg["n"] or 0), int(agg["last"] or 0)
+
+
+@read_only_page
+def whatif(request: HttpRequest) -> HttpResponse:
+    params = request.GET
+    problems: list[str] = []
+    zone: tzinfo = UTC
+    try:
+        zone = _zone(params.get("tz", "").strip())
+    except BadFilter as exc:
+        problems.append(str(exc))
+    form = {
+        "since": params.get("since", "").strip(),
+        "until": params.get("until", "").strip(),
+        "candidates": [params.get(f"c{k}", "").strip() for k in range(1, MAX_CANDIDATES + 1)],
+    }
+    bounds: dict[str, datetime | None] = {"since": None, "until": None}
+    for name in ("since", "until"):
+        try:
+            bounds[name] = _parse_when(name, form[name], end=name == "until", zone=zone)
+        except BadFilter as exc:
+            problems.append(str(exc))
+    if not form["since"] and not form["until"] and not problems:
+        # The last day of the history (from its newest row: the same key while it runs).
+        latest = RequestRecord.objects.aggregate(last=Max("arrived_at"))["last"]
+        bounds["since"] = (latest or timezone.now()) - DEFAULT_WINDOW
+    current = current_settings()
+    candidates: list[tuple[str, SchedulerSettings]] = []
+    for text in form["candidates"]:
+        if not text:
+            continue
+        try:
+            candidates.append((text, parse_overrides([text], current)))
+        except SettingsError as exc:
+            problems.append(f"{echo(text)}: {exc.key}: {exc.reason} (got {echo(repr(exc.value))})")
+    context: dict[str, Any] = {
+        "nav": "whatif",
+        "form": form,
+        "tz": params.get("tz", ""),
+        "problems": problems,
+        "current": describe_settings(current),
+        "examples": EXAMPLES,
+        "default_window": not form["since"] and not form["until"],
+    }
+    if problems:
+        return render(request, "dashboard/whatif.html", context, status=400)
+    since, until = bounds["since"], bounds["until"]
+    stamp = _stamp(since, until)
+    if stamp[0] == 0:
+        context["empty"] = True
+        return render(request, "dashboard/whatif.html", context)
+    key = (since, until, tuple(text for text, _ in candidates), repr(current.as_dict()), stamp)
+    outcome = lookup_or_start(key, lambda: compute(since, until, candidates, current))
+    if outcome is None:
+        context.update(computing=True, refresh=REFRESH_SECONDS, records=stamp[0])
+        return render(request, "dashboard/whatif.html", context)
+    if isinstance(outcome, str):
+        context["failed"] = outcome
+        return render(request, "dashboard/whatif.html", context, status=500)
+    header, body = table_rows(outcome.results)
+    context.update(
+        result=outcome,
+        header=header,
+        body=body,
+        charts=charts(outcome.results),
+        colors=COLORS,
+        legend=[(r.label, COLORS[k % len(COLORS)]) for k, r in enumerate(outcome.results)],
+        loads=", ".join(f"{m} {format_duration(s)}" for m, s in sorted(outcome.loads.items())),
+        error_p50=format_duration(outcome.error.abs_p50),
+        error_p90=format_duration(outcome.error.abs_p90),
+        same_order=f"{outcome.error.same_order:.0%}",
+        interactive=Band.INTERACTIVE.value,
+    )
+    return render(request, "dashboard/whatif.html", context)

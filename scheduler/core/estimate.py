@@ -1,0 +1,206 @@
+"""Estimated wait of each waiting request: its place in line and measured times.
+
+Pure: no Django, no clock. The estimate of a waiting request is the time until it is
+picked (its queue wait, as recorded in ``queue_wait_ms``; its own model load comes
+after): what is left of the running job, plus for every request ahead of it in dispatch
+order the typical GPU time of its model, plus a cold load each time the line switches to
+a model that is not loaded.
+
+Requests that arrive later in a higher band go ahead of it: the time ahead is
+stretched by ``1 / (1 - load of the bands above)`` (the classic priority-queue
+correction), with that load measured over the last hour (:class:`ArrivalRates`). Aging
+overtakes, ``bandShare`` overrides and a later request of the loaded model winning on
+affinity are not predicted. ``llamaswap simulate --estimate`` measures the error on a
+trace.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from scheduler.core.policy import QueuedRequest, Ranked
+from scheduler.core.priority import BANDS, Band
+
+MAX_LOAD_ABOVE = 0.9
+"""The stretch factor stops at 10x: beyond it the estimate would mean nothing."""
+RATE_WINDOW_SECONDS = 3600.0
+
+DEFAULT_SERVICE_SECONDS = 30.0
+DEFAULT_LOAD_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class ServiceTimes:
+    """Typical GPU seconds per request and cold-load seconds, per model."""
+
+    service: Mapping[str, float] = field(default_factory=dict)
+    load: Mapping[str, float] = field(default_factory=dict)
+    default_service: float = DEFAULT_SERVICE_SECONDS
+    """For a model with no measurement yet: the mean over every model, else this."""
+    default_load: float = DEFAULT_LOAD_SECONDS
+    by_band: Mapping[tuple[str, Band], float] = field(default_factory=dict)
+    """Per model and band (a model serves short chats and long batch jobs alike)."""
+    load_above: Mapping[Band, float] = field(default_factory=dict)
+    """Share of GPU time taken by arrivals of the bands above each band (0..1)."""
+
+    def service_of(self, model: str, band: Band | None = None) -> float:
+        if band is not None:
+            value = self.by_band.get((model, band))
+            if value is not None:
+                return value
+        return self.service.get(model, self.default_service)
+
+    def stretch(self, band: Band) -> float:
+        return 1.0 / (1.0 - min(MAX_LOAD_ABOVE, max(0.0, self.load_above.get(band, 0.0))))
+
+    def load_of(self, model: str) -> float:
+        return self.load.get(model, self.default_load)
+
+
+def estimate_waits(
+    ahead_in_order: Sequence[Ranked | QueuedRequest],
+    loaded: Iterable[str],
+    running_left: float,
+    times: ServiceTimes,
+) -> list[float]:
+    """Seconds until each request (in dispatch order, as ``WaitingQueue.peek`` returns
+    them) is picked. ``running_left``: what is left of the running job (0 when idle).
+    O(len) in one pass."""
+    resident = set(loaded)
+    clock = max(0.0, running_left)
+    out = []
+    for item in ahead_in_order:
+        request = item.request if isinstance(item, Ranked) else item
+        out.append(clock * times.stretch(request.band))
+        if request.model not in resident:
+            clock += times.load_of(request.model)
+            resident = {request.model}
+        clock += times.service_of(request.model, request.band)
+    return out
+
+
+class RunningMeans:
+    """Means per model, updated as jobs finish (what the server measures as it runs)."""
+
+    def __init__(self, default_service: float = DEFAULT_SERVICE_SECONDS) -> None:
+        self._service: dict[str, tuple[float, int]] = {}
+        self._by_band: dict[tuple[str, Band], tuple[float, int]] = {}
+        self._band: dict[Band, tuple[float, int]] = {}
+        self._load: dict[str, tuple[float, int]] = {}
+        self._default = default_service
+
+    def add_service(self, model: str, seconds: float, band: Band | None = None) -> None:
+        total, count = self._service.get(model, (0.0, 0))
+        self._service[model] = (total + seconds, count + 1)
+        if band is not None:
+            total, count = self._by_band.get((model, band), (0.0, 0))
+            self._by_band[(model, band)] = (total + seconds, count + 1)
+            total, count = self._band.get(band, (0.0, 0))
+            self._band[band] = (total + seconds, count + 1)
+
+    def band_mean(self, band: Band) -> float | None:
+        total, count = self._band.get(band, (0.0, 0))
+        return total / count if count else None
+
+    def add_load(self, model: str, seconds: float) -> None:
+        total, count = self._load.get(model, (0.0, 0))
+        self._load[model] = (total + seconds, count + 1)
+
+    def times(
+        self,
+        default_load: float = DEFAULT_LOAD_SECONDS,
+        rates: ArrivalRates | None = None,
+        now: float = 0.0,
+    ) -> ServiceTimes:
+        service = {m: t / c for m, (t, c) in self._service.items()}
+        overall = sum(t for t, _ in self._service.values())
+        count = sum(c for _, c in self._service.values())
+        default = overall / count if count else self._default
+        load_above: dict[Band, float] = {}
+        if rates is not None:
+            per_band = {
+                band: rates.rate(band, now) * (self.band_mean(band) or default) for band in BANDS
+            }
+            above = 0.0
+            for band in BANDS:  # most urgent first
+                load_above[band] = above
+                above += per_band[band]
+        return ServiceTimes(
+            service=service,
+            load={m: t / c for m, (t, c) in self._load.items()},
+            default_service=default,
+            default_load=default_load,
+            by_band={k: t / c for k, (t, c) in self._by_band.items()},
+            load_above=load_above,
+        )
+
+
+class ArrivalRates:
+    """Arrivals per second per band over the last ``window`` seconds. O(1) amortized."""
+
+    def __init__(self, window: float = RATE_WINDOW_SECONDS) -> None:
+        self._window = window
+        self._times: dict[Band, deque[float]] = {band: deque() for band in BANDS}
+
+    def add(self, band: Band, at: float) -> None:
+        self._times[band].append(at)
+
+    def rate(self, band: Band, now: float) -> float:
+        times = self._times[band]
+        while times and times[0] < now - self._window:
+            times.popleft()
+        return len(times) / self._window
+
+
+@dataclass(frozen=True)
+class EstimateError:
+    """How far estimates were from the waits that followed (seconds; signed = actual -
+    estimate, so > 0 means it waited longer than estimated)."""
+
+    samples: int
+    abs_p50: float
+    abs_p90: float
+    bias_p50: float
+    within_factor_2: float
+    """Share of estimates within a factor of 2 of the actual remaining wait (both over a
+    minute, or both under)."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "samples": self.samples,
+            "abs_error_p50_seconds": self.abs_p50,
+            "abs_error_p90_seconds": self.abs_p90,
+            "signed_error_p50_seconds": self.bias_p50,
+            "within_factor_2": self.within_factor_2,
+        }
+
+
+def estimate_error(pairs: Iterable[tuple[float, float]]) -> EstimateError:
+    """(estimate, actual) pairs into the summary."""
+    errors = []
+    absolute = []
+    close = 0
+    for estimate, actual in pairs:
+        errors.append(actual - estimate)
+        absolute.append(abs(actual - estimate))
+        if (estimate < 60 and actual < 60) or (
+            estimate > 0 and actual > 0 and 0.5 <= actual / estimate <= 2
+        ):
+            close += 1
+    if not errors:
+        return EstimateError(0, 0.0, 0.0, 0.0, 0.0)
+    errors.sort()
+    absolute.sort()
+
+    def q(values: list[float], p: float) -> float:
+        return values[min(len(values) - 1, int(p * len(values)))]
+
+    return EstimateError(
+        samples=len(errors),
+        abs_p50=q(absolute, 0.5),
+        abs_p90=q(absolute, 0.9),
+        bias_p50=q(errors, 0.5),
+        within_factor_2=close / len(errors),
+    )
