@@ -13,7 +13,9 @@ MODULES = [
     "bench.bench_queue",
     "bench.bench_lanes",
     "bench.bench_dispatch_gap",
+    "bench.bench_gap",
     "bench.bench_proxy",
+    "bench.bench_overload",
 ]
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"

@@ -151,6 +151,8 @@ class LiveObserver:
             lanes=lane_rows(dispatcher.lanes()),
             lane_of=queue.lane_for,
             config_status=_config_status(),
+            estimates={rid: eta for rid, (_, _, eta) in dispatcher.waiting(self.waiting_cap).items()},
+            advice=_advice(),
         )
 
     def take_sample(self) -> None:
@@ -228,3 +230,13 @@ def _config_status() -> dict[str, Any] | None:
         return None
     reloader = runtime.current().reloader
     return reloader.status.as_dict() if reloader is not None else None
+
+
+def _advice() -> dict[str, Any] | None:
+    """The advisor's last word (``dashboard.whatif``), if it has one: cached, no query."""
+    from dashboard.whatif import latest_advice
+
+    advice = latest_advice()
+    if advice is None:
+        return None
+    return {"message": advice.message, "changes": advice.changes}

@@ -19,7 +19,7 @@ from scheduler.core.queue import BandStats
 WAITING_CAP = 50
 """Waiting requests sent on the wire; the rest are only counted."""
 
-TERMS: tuple[Term, ...] = (Term.AGING, Term.SWAP_AFFINITY)
+TERMS: tuple[Term, ...] = tuple(Term)
 
 
 class TicketLike(Protocol):
@@ -125,6 +125,8 @@ def build_snapshot(
     lanes: Sequence[Mapping[str, Any]] = (),
     lane_of: Callable[[str], str] | None = None,
     config_status: Mapping[str, Any] | None = None,
+    estimates: Mapping[str, float] | None = None,
+    advice: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The dashboard's state.
 
@@ -155,6 +157,9 @@ def build_snapshot(
             "request_id": r.request.request_id,
             "model": r.request.model,
             "lane": lane_name(r.request.model),
+            "eta": round(estimates[r.request.request_id], 1)
+            if estimates and r.request.request_id in estimates
+            else None,
             "band": r.request.band.value,
             "priority": r.request.priority,
             "score": round(r.score, 3),
@@ -189,6 +194,7 @@ def build_snapshot(
         "model": {"id": model, "state": model_state},
         "lanes": [dict(lane) for lane in lanes],
         "config": dict(config_status or {}),
+        "advice": dict(advice) if advice else None,
         "running": running_rows,
         "waiting": waiting_rows,
         "waiting_shown": len(waiting_rows),

@@ -184,6 +184,14 @@ def lookup_or_start(key: tuple[Any, ...], fn: Callable[[], WhatIf]) -> WhatIf | 
         return _cache.get(key)
 
 
+def latest_advice() -> Advice | None:
+    """The advice of the what-if page computed or viewed last (from the cache: no
+    database, no replay), for a banner on the live dashboard; None when there is none."""
+    with _lock:
+        latest = next(reversed(_cache.values()), None)
+    return latest.advice if latest is not None else None
+
+
 def clear() -> None:
     with _lock:
         _cache.clear()

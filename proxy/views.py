@@ -417,7 +417,9 @@ async def queue(request: HttpRequest) -> HttpResponse:
     """GET /api/queue: the waiting requests in dispatch order, with their scores now.
 
     With several lanes (GPUs) each lane has its own order: ``waiting`` lists them merged by
-    score, each with its ``lane`` and its ``position`` in that lane (1 goes next there)."""
+    score, each with its ``lane`` and its ``position`` in that lane (1 goes next there).
+    ``estimated_wait_seconds``: until it is picked, from the measured times (see
+    :meth:`Dispatcher.waiting`)."""
     dispatcher = runtime.current().dispatcher
     raw = request.GET.get("limit", "100")
     try:
@@ -428,14 +430,14 @@ async def queue(request: HttpRequest) -> HttpResponse:
         )
     now = dispatcher.now()
     model, state = dispatcher.model_state()
-    lanes = dispatcher.queue
-    position = {r.request.request_id: n for _, n, r in lanes.positions(now, limit)}
+    where = dispatcher.waiting(limit)  # lane, position in it, estimated wait
     waiting = [
         {
             "request_id": r.request.request_id,
             "model": r.request.model,
-            "lane": lanes.lane_for(r.request.model),
-            "position": position.get(r.request.request_id),
+            "lane": where[r.request.request_id][0],
+            "position": where[r.request.request_id][1],
+            "estimated_wait_seconds": round(where[r.request.request_id][2], 1),
             "priority": r.request.priority,
             "band": r.request.band.value,
             "score": r.score,

@@ -1012,7 +1012,10 @@ def _scheduler_settings(
     serial_key = f"{SETTINGS_PREFIX}.settings.serial"
     serial = _mapping(settings.get("serial"), serial_key)
     _warn_unknown(
-        serial, serial_key, {"agingDivisor", "swapAffinityBonus", "lanes", *_BOUND_KEYS}, warnings
+        serial,
+        serial_key,
+        {"agingDivisor", "swapAffinityBonus", "agingCap", "bandShare", "lanes", *_BOUND_KEYS},
+        warnings,
     )
     fifo_key = f"{SETTINGS_PREFIX}.settings.fifo"
     fifo = _mapping(settings.get("fifo"), fifo_key)
@@ -1021,6 +1024,8 @@ def _scheduler_settings(
     values: dict[str, Any] = {
         "use": _default(scheduler.get("use"), "serial"),
         "aging_divisor": _default(serial.get("agingDivisor"), DEFAULT_AGING_DIVISOR),
+        "aging_cap": serial.get("agingCap"),
+        "band_share": serial.get("bandShare"),
         "swap_affinity_bonus": _default(
             serial.get("swapAffinityBonus"), DEFAULT_SWAP_AFFINITY_BONUS
         ),

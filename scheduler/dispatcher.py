@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from scheduler.config import Config, ModelConfig
+from scheduler.core.estimate import WaitEstimator
 from scheduler.core.lanes import DEFAULT_LANE, LaneQueues, fill_slots
 from scheduler.core.policy import Decision, Policy, QueuedRequest, SchedulerSettings
 from scheduler.core.priority import Band
@@ -321,6 +322,8 @@ class _Lane:
     stale: set[str] = field(default_factory=set)
     """Loaded models whose definition changed in a reload (or that moved to another
     lane): they take no new request and are stopped once their running ones end."""
+    estimator: WaitEstimator = field(default_factory=WaitEstimator)
+    """Measured service and load times and arrival rates, for estimated waits."""
 
     def busy(self) -> int:
         return sum(len(t) for t in self.running.values())
@@ -604,6 +607,33 @@ class Dispatcher:
     def in_flight(self) -> list[Ticket]:
         return [t for lane in self._lanes.values() for tickets in lane.running.values() for t in tickets]
 
+    def waiting(self, limit: int | None = None) -> dict[str, tuple[str, int, float]]:
+        """For the first ``limit`` waiting requests of each lane: request id -> (lane,
+        position in the lane (1 goes next), estimated seconds until it is picked).
+
+        The estimate (:class:`scheduler.core.estimate.WaitEstimator`): what is left of the
+        lane's running job, then for each request ahead its model's measured time and a
+        load where the model changes, stretched by the load of the bands above."""
+        now = self._clock()
+        out: dict[str, tuple[str, int, float]] = {}
+        for name in self._queue.names:
+            queue = self._queue.lane(name)
+            if not queue:
+                continue
+            lane = self._lanes[name]
+            ranked = queue.peek(now, limit)
+            left = 0.0
+            for ticket in (t for ts in lane.running.values() for t in ts):
+                if ticket.decision is None:
+                    continue
+                started = ticket.ready_at if ticket.ready_at is not None else ticket.dispatched_at or now
+                loading = ticket.state is TicketState.LOADING
+                left = max(left, lane.estimator.running_left(ticket.model.id, ticket.decision.band, started, now, loading))
+            estimates = lane.estimator.estimates(ranked, lane.resident(), left, now)
+            for position, (r, eta) in enumerate(zip(ranked, estimates, strict=True), start=1):
+                out[r.request.request_id] = (name, position, eta)
+        return out
+
     def lanes(self) -> list[LaneView]:
         """Each lane as the dashboard shows it (read-only snapshot)."""
         views = []
@@ -819,9 +849,9 @@ class Dispatcher:
             log.warning("queue full", extra=self._fields(ticket))
             return
         self._tickets[ticket.request_id] = ticket
-        self._queue.add(
-            QueuedRequest(ticket.request_id, model, ticket.priority, ticket.arrival)
-        )
+        queued = QueuedRequest(ticket.request_id, model, ticket.priority, ticket.arrival)
+        self._queue.add(queued)
+        lane.estimator.arrived(queued)
         self._idle.clear()
         if not ticket.extra.get("preload"):
             self._notify("on_enqueue", ticket)
@@ -956,6 +986,10 @@ class Dispatcher:
             took = now - ticket.dispatched_at
             mean = self._service_mean
             self._service_mean = took if mean is None else mean + 0.1 * (took - mean)
+            if ticket.ready_at is not None and ticket.decision is not None:
+                lane.estimator.finished(
+                    ticket.model.id, ticket.decision.band, now - ticket.ready_at, ticket.load_seconds
+                )
         if was is TicketState.LOADING and not ticket.granted.done():
             ticket.granted.cancel()
         if not ticket.extra.get("preload"):

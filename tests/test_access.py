@@ -63,6 +63,7 @@ RULES: dict[str, tuple[str, tuple[str, str, bytes]]] = {
     "": (LOGIN, ("GET", "/", b"")),
     "dashboard/": (LOGIN, ("GET", "/dashboard/", b"")),
     "history/": (LOGIN, ("GET", "/history/", b"")),
+    "whatif/": (LOGIN, ("GET", "/whatif/", b"")),
     "requests/<str:request_id>/": (LOGIN, ("GET", "/requests/no-such/", b"")),
     "favicon.ico": (EXEMPT, ("GET", "/favicon.ico", b"")),
     "admin/": (ADMIN, ("GET", "/admin/", b"")),

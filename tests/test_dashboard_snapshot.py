@@ -86,7 +86,7 @@ def test_bands_always_listed_with_counters():
     )
     assert [b["band"] for b in snap["bands"]] == ["interactive", "normal", "batch"]
     assert snap["bands"][1]["dispatched"] == 4
-    assert snap["bands"][2]["reorders"] == {"aging": 2, "swap_affinity": 0}
+    assert snap["bands"][2]["reorders"] == {"aging": 2, "swap_affinity": 0, "aging_cap": 0, "band_share": 0}
     assert snap["waiting"] == [] and snap["depth"] == 0
 
 

@@ -248,6 +248,8 @@ async def test_the_queue_api_metrics_and_records_show_each_requests_lane():
         await api.done()
         state = json.loads(api.body)
         assert [(w["model"], w["lane"], w["position"]) for w in state["waiting"]] == [("n", "gpu0", 1)]
+        # Nothing measured yet: m's running job is assumed to take the default 30 s.
+        assert 0 < state["waiting"][0]["estimated_wait_seconds"] <= 30
         assert sorted((r["model"], r["lane"]) for r in state["running"]) == [("m", "gpu0"), ("x", "gpu1")]
         assert {lane["lane"]: (lane["running"], lane["waiting"]) for lane in state["lanes"]} == {
             "gpu0": (1, 1),

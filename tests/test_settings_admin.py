@@ -302,3 +302,46 @@ def test_the_change_log_shows_values_as_typed(admin_client, running):
     assert '<td class="field-old_value">60</td><td class="field-new_value">90</td>' in html
     assert '<td class="field-old_value">none</td><td class="field-new_value">m=3</td>' in html
     assert 'data-show="zoned"' in html
+
+
+# -- the opt-in starvation bounds (issue 13) ---------------------------------------------
+
+
+def test_the_bounds_are_edited_in_the_admin_and_reach_the_dispatcher(admin_client, running):
+    apply_at_start(CONFIG)
+    page = admin_client.get(_change_url()).content.decode()
+    assert "Starvation bounds" in page and 'name="share_batch"' in page
+    response = admin_client.post(
+        _change_url(), _form(aging_cap="100", share_batch="0.2", share_normal="")
+    )
+    assert response.status_code == 302
+    ((settings, _source),) = running.calls
+    assert settings.aging_cap == 100 and {b.value: s for b, s in settings.band_share.items()} == {
+        "batch": 0.2
+    }
+    record = SchedulerSettingsRecord.objects.get()
+    assert record.band_share == {"batch": 0.2} and record.aging_cap == 100
+    assert set(record.admin_overrides) == {"agingCap", "bandShare"}
+    fields = sorted(SettingsChange.objects.values_list("field", flat=True))
+    assert fields == ["agingCap", "bandShare"]
+    # Shown as typed on the next visit; clearing them turns the bounds off again.
+    page = admin_client.get(_change_url()).content.decode()
+    assert 'name="aging_cap" value="100"' in page and 'name="share_batch" value="0.2"' in page
+    assert admin_client.post(_change_url(), _form()).status_code == 302
+    assert not running.calls[-1][0].bounded
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"aging_cap": "0"}, "agingCap: must be a finite number &gt; 0"),
+        ({"share_batch": "1.5"}, "bandShare.batch: must be a number from 0 to 1"),
+        ({"share_batch": "0.6", "share_normal": "0.6"}, "more than 1"),
+    ],
+)
+def test_invalid_bounds_are_refused_with_the_config_key(admin_client, running, changes, message):
+    apply_at_start(CONFIG)
+    response = admin_client.post(_change_url(), _form(**changes))
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert running.calls == []

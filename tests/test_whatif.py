@@ -68,6 +68,12 @@ def test_the_page_replays_the_window_with_candidates_and_advises(client, overloa
     finally:
         whatif.compute = original  # type: ignore[assignment]
     assert again.status_code == 200 and calls == []
+    advice = whatif.latest_advice()
+    assert advice is not None and advice.suggested.aging_cap == 100
+
+
+def test_no_advice_before_any_replay():
+    assert whatif.latest_advice() is None
 
 
 def test_while_it_runs_the_page_says_so_and_reloads(client, overloaded, monkeypatch):

@@ -243,7 +243,7 @@ class WaitingQueue:
         latest time a pick or peek saw), without removing it."""
         when = self._now_seen if now is None else now
         if when != float("-inf"):
-            self._saturate(when)
+            self._saturate(when, exact=False)
         best = self._choose(self._score_order, True, self._owed_band(when))
         return best.request.model if best is not None else None
 
@@ -298,7 +298,7 @@ class WaitingQueue:
         With ``bandShare``, the request of a band behind its share comes first (it goes
         next); the rest follow in score order (later picks depend on the GPU time the
         jobs will take, which the queue cannot know)."""
-        self._saturate(now)
+        self._saturate(now, exact=False)
         out = []
         for entry in itertools.islice(self._order(now), limit):
             affinity, aging, score = self._terms(entry, now)
@@ -399,14 +399,20 @@ class WaitingQueue:
                     else:
                         family.unsat.remove(model, entry.aged)
 
-    def _saturate(self, now: float) -> None:
+    def _saturate(self, now: float, exact: bool = True) -> None:
         """Move every entry whose aging has reached the cap at ``now`` to the saturated
-        lists: a prefix of the arrival order, each entry once. O(log n) per entry moved."""
+        lists: a prefix of the arrival order, each entry once. O(log n) per entry moved.
+
+        ``now`` earlier than a previous call: a pick starts over (O(n log n), never with
+        one monotonic clock); a peek (``exact=False``) keeps the order as of the later
+        time, which differs only for requests within that much of their cap."""
         if now > self._now_seen:
             self._now_seen = now
         if not self._capped:
             return
-        if now < self._sat_now:  # the clock went back: start over (never in practice)
+        if now < self._sat_now:
+            if not exact:
+                return
             self._rebuild()
         self._sat_now = now
         limit = now - self._cap_seconds

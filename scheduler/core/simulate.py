@@ -11,6 +11,13 @@ before that instant is added first (so an arrival at the same instant as a compl
 competes for that dispatch), then the queue picks. A pick of a model other than the
 loaded one costs that model's cold-load time before its service time, and counts as a
 swap (the very first load included: the GPU starts empty).
+
+Also here: three generated trace shapes (:func:`generate_trace`: overload, steady,
+bursty), the overload targets (:func:`check_targets`, :data:`RECOMMENDED`), forced swaps
+(nothing waiting for the loaded model), and with ``estimate=True`` the error of the
+estimated wait (:mod:`scheduler.core.estimate`). Recorded history becomes a trace in
+:mod:`scheduler.core.replay`. One queue, one GPU, one job at a time: a multi-lane run
+would keep one :class:`WaitingQueue` and one ``free_at`` per lane in the same loop.
 """
 
 from __future__ import annotations

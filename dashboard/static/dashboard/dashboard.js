@@ -70,6 +70,16 @@
     });
   }
 
+  function renderAdvice(snap) {
+    var banner = $("#advice");
+    if (!banner) return;
+    banner.hidden = !snap.advice;
+    if (snap.advice) {
+      setText("#advice .advice-text", snap.advice.message);
+      setText("#advice .advice-changes", snap.advice.changes);
+    }
+  }
+
   function renderConfig(snap) {
     var banner = $("#config-error");
     if (!banner) return;
@@ -120,10 +130,11 @@
       return '<tr><td class="n">' + w.rank + "</td><td>" + rid(w.request_id) + "</td><td>" + esc(w.model) +
         "</td><td>" + esc(w.lane) + "</td><td>" + tag(w.band) + '</td><td class="n">' + w.priority + '</td><td class="n">' +
         num(w.affinity) + '</td><td class="n">' + num(w.aging) + '</td><td class="n score">' +
-        num(w.score) + '</td><td class="n">' + secs(w.wait) + "</td></tr>";
+        num(w.score) + '</td><td class="n">' + secs(w.wait) + '</td><td class="n eta">' +
+        (w.eta === null || w.eta === undefined ? "–" : secs(w.eta)) + "</td></tr>";
     });
     $("#waiting-rows").innerHTML = rows.join("") ||
-      '<tr class="empty"><td colspan="10">nothing waiting</td></tr>';
+      '<tr class="empty"><td colspan="11">nothing waiting</td></tr>';
     setText("#waiting .waiting-count",
       snap.depth > snap.waiting_shown ? "showing " + snap.waiting_shown + " of " + snap.depth : String(snap.depth));
   }
@@ -195,6 +206,7 @@
     renderBands(snap);
     renderGpu(snap);
     renderConfig(snap);
+    renderAdvice(snap);
     renderSettings(snap);
     renderWaiting(snap);
     renderDecisions(snap);
