@@ -22,6 +22,8 @@ would keep one :class:`WaitingQueue` and one ``free_at`` per lane in the same lo
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import json
 import math
 import random
@@ -36,6 +38,7 @@ from scheduler.core.estimate import (
     estimate_error,
     estimate_waits,
 )
+from scheduler.core.lanes import DEFAULT_LANE, LaneQueues, fill_slots
 from scheduler.core.policy import (
     DEFAULT_AGING_DIVISOR,
     DEFAULT_SWAP_AFFINITY_BONUS,
@@ -246,6 +249,7 @@ class Dispatch:
     finish: float
     swap: bool
     reordered_by: frozenset[Term]
+    lane: str = DEFAULT_LANE
 
     @property
     def wait(self) -> float:
@@ -284,10 +288,13 @@ class SimResult:
     estimate_errors: Mapping[Band, EstimateError] | None = None
     """With ``estimate=True``: how far the estimated waits were from the waits that
     followed, per band (every waiting request, estimated at every pick)."""
+    lanes: int = 1
+    """GPUs (lanes) the replay ran on; ``busy`` is summed over them."""
 
     @property
     def busy_share(self) -> float:
-        return self.busy / self.makespan if self.makespan > 0 else 0.0
+        """Of the time the lanes had, the share they spent loading or serving."""
+        return self.busy / (self.makespan * self.lanes) if self.makespan > 0 else 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -336,13 +343,21 @@ def simulate(
     default_load: float = DEFAULT_LOAD_SECONDS,
     label: str | None = None,
     estimate: bool = False,
+    lanes: Mapping[str, str] | None = None,
+    slots: Mapping[str, int] | None = None,
 ) -> SimResult:
     """Replay ``trace`` (sorted by arrival, as :func:`load_trace` returns it).
 
     With ``estimate``, at every pick the estimated wait of every waiting request
     (:mod:`scheduler.core.estimate`, from the means of the jobs finished so far) is
-    compared with the wait that followed.
+    compared with the wait that followed. ``lanes`` (model -> lane; others on the default
+    lane) and ``slots`` (model -> N) replay a box with several GPUs and models served N
+    at a time, as the dispatcher runs them (:func:`simulate_lanes`).
     """
+    if lanes or any(n > 1 for n in (slots or {}).values()):
+        return simulate_lanes(
+            trace, settings, load_seconds, default_load, label, lanes or {}, slots or {}
+        )
     loads = dict(load_seconds or {})
     queue = WaitingQueue(settings)
     pick, add = queue.pick, queue.add  # the hot loop: bind once
@@ -418,6 +433,120 @@ def simulate(
         forced_swaps=forced,
         estimate_errors=errors,
     )
+
+
+def simulate_lanes(
+    trace: Sequence[TraceRequest],
+    settings: SchedulerSettings,
+    load_seconds: Mapping[str, float] | None,
+    default_load: float,
+    label: str | None,
+    lanes: Mapping[str, str],
+    slots: Mapping[str, int],
+) -> SimResult:
+    """The serial scheduler on several lanes, with slots: each lane picks from its own
+    queue by score when it is idle; while it runs requests of a model with ``slots: N``
+    it admits more of that model up to N as long as the lane's best waiting request is
+    for it (:func:`scheduler.core.lanes.fill_slots`), then drains before the next swap.
+    A swap's load is paid by the requests admitted with it; requests joining a loading
+    model start when it is ready. ``busy`` is summed over lanes (time each lane had
+    anything running or loading)."""
+    loads = dict(load_seconds or {})
+    queues = LaneQueues(settings, lanes, sorted(set(lanes.values())))
+    names = queues.names
+    loaded: dict[str, str | None] = dict.fromkeys(names, None)
+    running: dict[str, int] = dict.fromkeys(names, 0)
+    ready_at: dict[str, float] = dict.fromkeys(names, -math.inf)
+    busy_since: dict[str, float] = {}
+    finishes: list[tuple[float, int, str]] = []  # (time, seq, lane)
+    seq = 0
+    busy = 0.0
+    forced = 0
+    reorders = dict.fromkeys(Term, 0)
+    dispatches: list[Dispatch] = []
+    by_id: dict[str, TraceRequest] = {}
+    n, i = len(trace), 0
+    while i < n or finishes or len(queues):
+        # The next event: a job's end or an arrival, whichever comes first.
+        candidates = []
+        if finishes:
+            candidates.append(finishes[0][0])
+        if i < n:
+            candidates.append(trace[i].arrival)
+        if not candidates:
+            break  # requests wait on a lane that can never run them (cannot happen)
+        now = min(candidates)
+        while finishes and finishes[0][0] <= now:
+            _, _, lane = heapq.heappop(finishes)
+            running[lane] -= 1
+            if running[lane] == 0:
+                busy += now - busy_since.pop(lane)
+        while i < n and trace[i].arrival <= now:
+            r = trace[i]
+            by_id[r.request_id] = r
+            queues.add(QueuedRequest(r.request_id, r.model, r.priority, r.arrival))
+            i += 1
+        for lane in names:
+            queue = queues.lane(lane)
+            if not queue:
+                continue
+            admitted = []
+            model = loaded[lane]
+            if running[lane] == 0:
+                nothing_for_loaded = model is None or not queue.waiting_for(model)
+                decision = queues.pick(now, lane)
+                assert decision is not None
+                if decision.model != model:
+                    model = loaded[lane] = decision.model
+                    queue.set_loaded_models([model])
+                    ready_at[lane] = now + loads.get(model, default_load)
+                    forced += nothing_for_loaded
+                    admitted.append((decision, True))
+                else:
+                    admitted.append((decision, False))
+                busy_since[lane] = now
+            if model is not None:
+                limit = slots.get(model, 1)
+                busy_now = running[lane] + len(admitted)
+                if limit > 1 and busy_now < limit:
+                    admitted += [
+                        (d, False) for d in fill_slots(queues, lane, now, model, busy_now, limit)
+                    ]
+            for decision, swap in admitted:
+                job = by_id.pop(decision.request_id)
+                if swap:  # the same arithmetic as simulate(): equal floats on one lane
+                    finish = now + (job.service + loads.get(job.model, default_load))
+                else:
+                    finish = max(now, ready_at[lane]) + job.service
+                seq += 1
+                heapq.heappush(finishes, (finish, seq, lane))
+                running[lane] += 1
+                for term in decision.reordered_by:
+                    reorders[term] += 1
+                dispatches.append(
+                    Dispatch(
+                        job.request_id,
+                        job.model,
+                        decision.band,
+                        job.arrival,
+                        now,
+                        finish,
+                        swap,
+                        decision.reordered_by,
+                        lane,
+                    )
+                )
+    result = summarize(
+        trace,
+        dispatches,
+        settings,
+        label=label or describe_settings(settings),
+        busy=busy,
+        reorders=reorders,
+        forced_swaps=forced,
+    )
+    used = {d.lane for d in dispatches} or {DEFAULT_LANE}
+    return dataclasses.replace(result, lanes=len(used))
 
 
 def summarize(

@@ -60,6 +60,33 @@ def parse_load(text: str) -> tuple[str, float]:
     return model, seconds
 
 
+def parse_lanes(values: list[str]) -> dict[str, str]:
+    """``--lanes gpu0=a,b --lanes gpu1=c`` into model -> lane; CommandError when malformed
+    or when a model is on two lanes."""
+    lane_of: dict[str, str] = {}
+    for text in values:
+        lane, sep, members = text.partition("=")
+        models = [m.strip() for m in members.split(",") if m.strip()]
+        if not sep or not lane.strip() or not models:
+            raise CommandError(f"--lanes {text!r}: expected LANE=MODEL[,MODEL...]")
+        for model in models:
+            if model in lane_of and lane_of[model] != lane.strip():
+                raise CommandError(f"--lanes: model {model!r} is on lanes {lane_of[model]!r} and {lane.strip()!r}")
+            lane_of[model] = lane.strip()
+    return lane_of
+
+
+def parse_slots(values: list[str]) -> dict[str, int]:
+    """``--slots a=4`` into model -> N (N >= 1); CommandError when malformed."""
+    slots: dict[str, int] = {}
+    for text in values:
+        model, sep, value = text.partition("=")
+        if not sep or not model or not value.isdigit() or int(value) < 1:
+            raise CommandError(f"--slots {text!r}: expected MODEL=N with N >= 1")
+        slots[model] = int(value)
+    return slots
+
+
 def parse_when(text: str | None, flag: str) -> datetime | None:
     """An ISO date or date-time (naive: the server's time zone); CommandError if not."""
     if not text:
@@ -120,6 +147,21 @@ class Command(BaseCommand):
             metavar="VARIANT",
             help='settings variants side by side, e.g. "defaults" "agingDivisor=0" '
             '"agingDivisor=60,swapAffinityBonus=0" (each on top of --set)',
+        )
+        parser.add_argument(
+            "--lanes",
+            action="append",
+            default=[],
+            metavar="LANE=MODEL,...",
+            help="models on a lane (one GPU, one serial queue); repeat per lane; others on "
+            "the default lane (config.yaml's routing.scheduler.settings.serial.lanes)",
+        )
+        parser.add_argument(
+            "--slots",
+            action="append",
+            default=[],
+            metavar="MODEL=N",
+            help="serve up to N requests of MODEL at once (config.yaml's slots)",
         )
         parser.add_argument("--json", action="store_true", help="print machine-readable results")
         parser.add_argument(
@@ -182,9 +224,17 @@ class Command(BaseCommand):
         variants = [settings_for([v], base) for v in options["compare"]] or [base]
         labels = options["compare"] or [None]
         trace = self.read_trace(Path(options["trace"]))
+        lanes, slots = parse_lanes(options["lanes"]), parse_slots(options["slots"])
         results = [
             simulate(
-                trace, settings, loads, default_load, label=label, estimate=options["estimate"]
+                trace,
+                settings,
+                loads,
+                default_load,
+                label=label,
+                estimate=options["estimate"],
+                lanes=lanes,
+                slots=slots,
             )
             for settings, label in zip(variants, labels, strict=True)
         ]
@@ -194,6 +244,15 @@ class Command(BaseCommand):
         models = sorted({r.model for r in trace})
         load_text = " ".join(f"{m}={format_duration(loads.get(m, default_load))}" for m in models)
         self.stdout.write(f"{options['trace']}: {len(trace)} requests; cold load {load_text}")
+        if lanes or slots:
+            shown = ", ".join(
+                f"{lane}: {'+'.join(m for m, lane_ in lanes.items() if lane_ == lane)}"
+                for lane in dict.fromkeys(lanes.values())
+            )
+            self.stdout.write(
+                f"lanes: {shown or 'one'} (other models on the default lane); "
+                f"slots: {', '.join(f'{m}={n}' for m, n in slots.items()) or 'none'}"
+            )
         if options["compare"] and options["set"]:
             self.stdout.write(f"every variant on top of: {describe_settings(base)}")
         self.stdout.write(format_table(results))
