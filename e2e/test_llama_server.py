@@ -83,7 +83,7 @@ def test_streaming_chat_with_the_openai_sdk(llamaswap):
         temperature=0,
     )
     assert whole.choices[0].message.content == text
-    assert swap.running() == [{"model": "tiny-a", "state": "ready"}]
+    assert swap.running() == [{"model": "tiny-a", "state": "ready", "lane": "default"}]
     [(_, cmdline)] = swap.processes("tiny-a")
     assert "--parallel 1" in cmdline
 
@@ -103,13 +103,13 @@ def test_swap_between_two_models(llamaswap):
         return r.json()
 
     a1 = ask(swap.url, "tiny-a")
-    assert swap.running() == [{"model": "tiny-a", "state": "ready"}]
+    assert swap.running() == [{"model": "tiny-a", "state": "ready", "lane": "default"}]
     [(pid_a1, _)] = swap.processes("tiny-a")
     assert swap.processes("tiny-b") == []
     assert props("tiny-a")["model_path"] == str(swap.model("tiny-a"))
 
     b = ask(swap.url, "tiny-b")
-    assert swap.running() == [{"model": "tiny-b", "state": "ready"}]
+    assert swap.running() == [{"model": "tiny-b", "state": "ready", "lane": "default"}]
     # The old model was stopped before the new one started: one llama-server at a time.
     assert swap.processes("tiny-a") == []
     assert len(swap.processes("tiny-b")) == 1
@@ -118,7 +118,7 @@ def test_swap_between_two_models(llamaswap):
     assert b_props["total_slots"] == 2
 
     a2 = ask(swap.url, "tiny-a")
-    assert swap.running() == [{"model": "tiny-a", "state": "ready"}]
+    assert swap.running() == [{"model": "tiny-a", "state": "ready", "lane": "default"}]
     assert swap.processes("tiny-b") == []
     [(pid_a2, _)] = swap.processes("tiny-a")
     assert pid_a2 != pid_a1  # a new process, loaded again

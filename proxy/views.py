@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
-from proxy import peers, routing
+from proxy import peers, progress, routing
 from proxy.errors import clip, cross_origin_refused, echo, error_response, method_not_allowed
 from proxy.relay import relay
 from proxy.turn import RECORD_EXTRA
@@ -82,6 +82,7 @@ async def inference(request: HttpRequest) -> HttpResponse:
             code="model_not_found" if exc.status == 404 else "no_target_available",
             request_id=request_id,
         )
+    show_progress = target.model is not None and progress.wanted(target.model, request.path, data)
     if data is not None:
         try:
             if target.peer is not None:
@@ -104,9 +105,9 @@ async def inference(request: HttpRequest) -> HttpResponse:
     if extra:
         RECORD_EXTRA.set(extra)  # this request's task only (see proxy/turn.py)
     if not target.selector:
-        return await relay(request, target.model, request_id, request.path, body)
+        return await relay(request, target.model, request_id, request.path, body, show_progress)
     with routing.reserved(target):  # until its turn came (relay returns once it has)
-        return await relay(request, target.model, request_id, request.path, body)
+        return await relay(request, target.model, request_id, request.path, body, show_progress)
 
 
 def _parse_body(request: HttpRequest, request_id: str) -> tuple[bytes, dict[str, Any] | None, object] | HttpResponse:

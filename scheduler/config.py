@@ -117,6 +117,7 @@ _TOP_LEVEL_KEYS = frozenset(
         "upstream",
         "logToStdout",
         "logTimeFormat",
+        "sendLoadingState",
         "profiles",
         "selectors",
         "peers",
@@ -131,7 +132,6 @@ _IGNORED_TOP_LEVEL = {
     "store": "not supported",
     "ui": "not supported",
     "performance": "not supported",
-    "sendLoadingState": "not supported",
 }
 _MODEL_KEYS = frozenset(
     {
@@ -154,10 +154,10 @@ _MODEL_KEYS = frozenset(
         "timeouts",
         "capabilities",
         "slots",
+        "sendLoadingState",
     }
 )
 _IGNORED_MODEL_KEYS = {
-    "sendLoadingState": "not supported",
     "compat": "not supported",
     "healthCheckTimeout": "per-model value is not supported; the global one applies",
 }
@@ -323,6 +323,10 @@ class ModelConfig:
     slots: int = 1
     """``slots`` (our extension): how many requests of this model its lane may run at
     once (serial scheduler)."""
+    send_loading_state: bool = False
+    """``sendLoadingState`` (the model's, else the global one): a streaming chat request
+    that waits (in the queue or for its model's load) gets progress in
+    ``reasoning_content`` (proxy/progress.py)."""
 
 
 @dataclass(frozen=True)
@@ -510,6 +514,7 @@ def parse_config(
         ttl=global_ttl,
         unload_timeout=unload_timeout,
         health_check_timeout=health_check_timeout,
+        send_loading_state=_bool(_default(top.get("sendLoadingState"), False), "sendLoadingState"),
     )
     models = {
         model_id: _build_model(model_id, model, defaults, warnings)
@@ -730,6 +735,7 @@ class _ModelDefaults:
     ttl: int
     unload_timeout: float
     health_check_timeout: float
+    send_loading_state: bool = False
 
 
 def _prepare_models(
@@ -877,6 +883,10 @@ def _build_model(
         timeouts=_model_timeouts(model.get("timeouts"), f"{key}.timeouts", warnings),
         capabilities=_capabilities(model.get("capabilities"), f"{key}.capabilities", warnings),
         slots=_int(_default(model.get("slots"), 1), f"{key}.slots", 1),
+        send_loading_state=_bool(
+            _default(model.get("sendLoadingState"), defaults.send_loading_state),
+            f"{key}.sendLoadingState",
+        ),
     )
 
 

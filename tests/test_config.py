@@ -538,8 +538,8 @@ def test_error_message_shows_key_and_value() -> None:
 @pytest.mark.parametrize(
     ("text", "warning"),
     [
-        # Top-level llama-swap features llamaswap does not implement.
-        (with_model("", "sendLoadingState: true"), "sendLoadingState: "),
+        # Top-level llama-swap settings that only concern its own UI.
+        (with_model("", "ui: {}"), "ui: "),
         # Unknown keys inside peers, selectors and profiles.
         (with_model("", "peers: {p: {proxy: 'http://x', models: [a], bogus: 1}}"), "peers.p.bogus: "),
         (with_model("", "profiles: {p: {pins: {a: m}, bogus: 1}}"), "profiles.p.bogus: "),
@@ -1329,10 +1329,8 @@ def test_realistic_llama_swap_config_loads() -> None:
     assert config.preload == ("docker-llama",)
     assert config.scheduler.use is Policy.FIFO
     assert config.scheduler.fifo_priority == {"gpt-oss-120b": 10, "docker-llama": 5}
-    assert [w.split(":")[0] for w in config.warnings] == [
-        "metricsMaxInMemory",
-        "sendLoadingState",
-    ]
+    assert [w.split(":")[0] for w in config.warnings] == ["metricsMaxInMemory"]
+    assert all(m.send_loading_state for m in config.models.values())
     assert config.peer_routes["z-ai/glm-4.7"].peer.api_key == "sk-or"
     assert [(g.name, g.members) for g in config.router.groups] == [
         ("group1", ("docker-llama", "unlisted-model")),
@@ -1508,3 +1506,22 @@ def test_capabilities_and_metadata_take_macros() -> None:
 )
 def test_smaller_key_errors_name_the_key(text: str, key: str) -> None:
     assert error_of(text).key == key
+
+
+def test_send_loading_state_global_and_per_model():
+    config = parse_config(
+        yaml.safe_load(
+            """
+sendLoadingState: true
+models:
+  a: {cmd: "x --port ${PORT}"}
+  b: {cmd: "x --port ${PORT}", sendLoadingState: false}
+"""
+        )
+    )
+    assert not config.warnings
+    assert config.models["a"].send_loading_state and not config.models["b"].send_loading_state
+    assert not parse_config({"models": {"a": {"cmd": "x --port ${PORT}"}}}).models["a"].send_loading_state
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"models": {"a": {"cmd": "x --port ${PORT}", "sendLoadingState": "yes please"}}})
+    assert caught.value.key == "models.a.sendLoadingState"

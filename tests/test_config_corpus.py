@@ -23,8 +23,8 @@ ENVIRON = {
     "NEIGHBOUR_KEY": "sk-neighbour",
 }
 DOCUMENTED = re.compile(
-    r"^(metricsMaxInMemory|captureBuffer|sendLoadingState|store|ui|performance|logRequests"
-    r"|models\.[^.]+\.(sendLoadingState|compat)): "
+    r"^(metricsMaxInMemory|captureBuffer|store|ui|performance|logRequests"
+    r"|models\.[^.]+\.(compat)): "
 )
 """The keys the README lists as ignored (llama-swap's UI, monitor and captures, and what
 another part of the issue implements)."""
