@@ -48,6 +48,25 @@ def ask(url: str, model: str, content: str = "hello", max_tokens: int = 16) -> s
     return reply["choices"][0]["message"]["content"]
 
 
+async def stream(client: AsyncOpenAI, model: str, n: int, max_tokens: int):
+    """One streamed chat completion: (text, finish_reason, usage)."""
+    chunks = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": f"stream number {n}"}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, finish, usage = [], None, None
+    async for chunk in chunks:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    return "".join(pieces), finish, usage
+
+
 def test_streaming_chat_with_the_openai_sdk(llamaswap):
     swap = llamaswap({"tiny-a": ["tiny-a", *FLAGS]})
     client = OpenAI(base_url=swap.url + "/v1", api_key="unused", max_retries=0, timeout=60)
@@ -200,28 +219,11 @@ def test_four_concurrent_streams_on_a_parallel_4_model(llamaswap):
     slots = httpx.get(swap.url + "/upstream/tiny-p/slots", timeout=60)
     assert slots.status_code == 200 and len(slots.json()) == 4, slots.text
 
-    async def stream(client: AsyncOpenAI, n: int):
-        chunks = await client.chat.completions.create(
-            model="tiny-p",
-            messages=[{"role": "user", "content": f"stream number {n}"}],
-            max_tokens=64,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        pieces, finish, usage = [], None, None
-        async for chunk in chunks:
-            usage = chunk.usage or usage
-            for choice in chunk.choices:
-                pieces.append(choice.delta.content or "")
-                finish = choice.finish_reason or finish
-        return "".join(pieces), finish, usage
-
     async def scenario():
         async with AsyncOpenAI(
             base_url=swap.url + "/v1", api_key="unused", max_retries=0, timeout=120
         ) as client:
-            return await asyncio.gather(*(stream(client, n) for n in range(4)))
+            return await asyncio.gather(*(stream(client, "tiny-p", n, 64) for n in range(4)))
 
     results = asyncio.run(scenario())
     for text, finish, usage in results:
@@ -244,29 +246,12 @@ def test_slots_4_on_a_parallel_4_model_serves_four_streams_at_once(llamaswap):
         {"tiny-p": ["tiny-a", "-c", "2048", "--parallel", "4"]}, keys={"tiny-p": {"slots": 4}}
     )
 
-    async def stream(client: AsyncOpenAI, n: int):
-        chunks = await client.chat.completions.create(
-            model="tiny-p",
-            messages=[{"role": "user", "content": f"stream number {n}"}],
-            max_tokens=400,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        pieces, finish, usage = [], None, None
-        async for chunk in chunks:
-            usage = chunk.usage or usage
-            for choice in chunk.choices:
-                pieces.append(choice.delta.content or "")
-                finish = choice.finish_reason or finish
-        return "".join(pieces), finish, usage
-
     async def scenario():
         async with AsyncOpenAI(
             base_url=swap.url + "/v1", api_key="unused", max_retries=0, timeout=120
         ) as client:
-            await stream(client, -1)  # load the model first: the four then start together
-            return await asyncio.gather(*(stream(client, n) for n in range(4)))
+            await stream(client, "tiny-p", -1, 400)  # load the model first: the four then start together
+            return await asyncio.gather(*(stream(client, "tiny-p", n, 400) for n in range(4)))
 
     results = asyncio.run(scenario())
     for text, finish, usage in results:
