@@ -20,7 +20,7 @@ from tests.server import chat, fake_model, fake_requests, free_port_block, serve
 pytestmark = pytest.mark.timeout(90)
 
 BANDS = ("interactive", "normal", "batch")
-TERMS = ("aging", "swap_affinity")
+TERMS = ("aging", "swap_affinity", "aging_cap", "band_share")
 SPEC_METRICS = {
     # family name (the parser strips a counter's _total) -> type, sample names
     "llamaswap_scheduler_queue_depth": ("gauge", {"llamaswap_scheduler_queue_depth"}),
@@ -97,7 +97,7 @@ def test_metrics_and_activity_after_known_traffic(tmp_path):
         for name, (_, samples) in SPEC_METRICS.items():
             [sample_name] = samples
             series = values(families[name], sample_name)
-            assert len(series) == (6 if "reorders" in name else 3)
+            assert len(series) == (3 * len(TERMS) if "reorders" in name else 3)
             assert set(series.values()) == {0.0}
 
         async def traffic():
