@@ -131,7 +131,7 @@ def test_dashboard_live_request_page_and_admin_edit(server, browser):
             True,
             True,
         ], rows
-        affinity = rows[1].split("\t")[5]  # columns: #, request, model, band, priority, affinity
+        affinity = rows[1].split("\t")[6]  # columns: #, request, model, lane, band, priority, affinity
         assert affinity == "10", rows[1]  # alpha is loaded: the normal alpha request has the bonus
         page.screenshot(path=str(ARTIFACTS / "dashboard-queue.png"), full_page=True)
 
