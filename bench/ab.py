@@ -5,13 +5,19 @@ about a change. This runs the proxy benchmark's latency, stream and waiting-memo
 for the code at ``REV`` (a git worktree in a temporary folder) and for the working tree,
 interleaved round by round, each in a fresh server, and prints the medians side by side:
 latency as time added over calling the model server directly (each tree with its own
-simulated model server), the stream as a ratio to direct, memory per waiting request.
+simulated model server), the stream as a ratio to direct and to the minimal relay
+(``bench/floor.py``), CPU per event of 64 paced streams over the relay's, the peak memory
+of a 50 MiB upload in copies of the body, memory per waiting request, and the dispatch gap
+at the model (5 ms jobs, 1,000 waiting: bench/bench_gap.py). Both trees are measured by
+the working tree's ``bench/`` (copied into the worktree of ``REV``): the same client code
+on both sides, only the product differs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,15 +31,21 @@ PROBE = r"""
 import asyncio, gc, json, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from bench import bench_proxy as b
+import subprocess
+from bench import bench_gap as g, bench_proxy as b
 b.WAITING = 4000
 out = {}
 tmp = Path(tempfile.mkdtemp())
+subprocess.run([b.PY, "manage.py", "migrate", "-v", "0"], cwd=b.ROOT, check=True,
+               env=dict(__import__("os").environ, DATABASE_URL=f"sqlite:///{tmp / 'db.sqlite3'}"))
 s = b.Server(tmp, "fifo", "fifo", False)
+f = None
 try:
     s.wait_ready()
     with b.Conn(s.port, timeout=60) as c:
         c.send(b.post_bytes(s.port, b.CHAT))
+    f = b.Floor(tmp, s.model_port, False)
+    f.wait_ready()
     gc.disable()
     for stream in (False, True):
         lat = b.latency(s, stream=stream)
@@ -41,11 +53,21 @@ try:
         for q in (0.5, 0.99):
             out[f"{key}_added_p{round(q * 100)}_ms"] = lat.ms("proxy", q) - lat.ms("direct", q)
     gc.enable()
-    out["stream_proxy_over_direct"] = (
-        b.stream_rate(s.port)["chunks_s"] / b.stream_rate(s.model_port)["chunks_s"]
-    )
+    rates = b.stream_rates({"direct": s.model_port, "floor": f.port, "proxy": s.port})
+    out["stream_proxy_over_direct"] = rates["proxy"]["chunks_s"] / rates["direct"]["chunks_s"]
+    out["stream_proxy_over_relay"] = rates["proxy"]["chunks_s"] / rates["floor"]["chunks_s"]
+    relay = b.paced(f.port, f.pid)["cpu_us_per_event"]
+    proxy = b.paced(s.port, s.pid)["cpu_us_per_event"]
+    out["paced_cpu_per_event_over_relay"] = proxy / relay
+    body, ctype = b._multipart(b.BIG_UPLOAD)
+    out["upload_50mib_peak_copies"] = b.upload(s.port, s.pid, body, ctype, runs=2)["copies"]
 finally:
+    if f is not None:
+        f.stop()
     s.stop()
+gaps, _, _ = g._run(tmp, False, False, 1, 0.005)
+out["gap_5ms_jobs_p50_ms"] = g.ms(gaps, 0.5)
+out["gap_5ms_jobs_p99_ms"] = g.ms(gaps, 0.99)
 s = b.Server(tmp, "serial", "serial", False)
 try:
     s.wait_ready()
@@ -86,6 +108,9 @@ def main() -> None:
         check=True,
         capture_output=True,
     )
+    # The same measuring code on both sides: the working tree's bench/.
+    shutil.rmtree(before / "bench", ignore_errors=True)
+    shutil.copytree(ROOT / "bench", before / "bench", ignore=shutil.ignore_patterns("__pycache__"))
     results: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     try:
         for n in range(args.rounds):

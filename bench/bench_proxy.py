@@ -1,16 +1,19 @@
-"""The product against the simulated model server called directly, in one run.
+"""The product against the minimal relay and the model server called directly, in one run.
 
 Two real ``manage.py serve`` subprocesses are started, each with one model ``m`` running
 the simulated model server (``python -m fakellm``):
 
-* a fifo server (``routing.scheduler.use: fifo``, ``concurrencyLimit: 32``) for latency,
-  throughput and a long stream. "Direct" is the same client code sending the same
-  request to that model's own port, so both sides talk to the very same model process;
+* a fifo server (``routing.scheduler.use: fifo``, ``concurrencyLimit: 64``) for latency,
+  throughput, a long stream, 64 paced streams and a 50 MiB upload. "Direct" is the same
+  client code sending the same request to that model's own port; the "minimal relay"
+  (``bench/floor.py``: a plain Django view relaying with httpx, the floor of this stack)
+  relays to the same port, so all three sides talk to the very same model process;
 * a serial server (the default scheduler) for 10,000 requests waiting at once behind one
   long request (``fake_delay``).
 
-Placement on this 2-core machine: the server is pinned to core 0 (``taskset -c 0``); the
-model process (``taskset -c 1`` in its ``cmd``) and this bench process (the load
+Placement on this 2-core machine: the server and the minimal relay are pinned to core 0
+(``taskset -c 0``; they are measured in turn, never both under load at once); the model
+process (``taskset -c 1`` in its ``cmd``) and this bench process (the load
 generator) share core 1. So the proxy's own cost lands on core 0 alone, and the direct
 figures are what the model server and client do on core 1.
 
@@ -68,6 +71,14 @@ BIG_BODY = 1_000_000
 listen backlog (Twisted's default, 50), whose overflow drops SYNs that the kernel retries
 a second later."""
 HEALTH_SAMPLES = 300
+PACED_STREAMS = 64
+PACED_RATE = 100.0
+PACED_TOKENS = 800
+PACED_WARMUP_S = 1.5
+PACED_SECONDS = 4.0
+"""Every stream runs from before the window to after it (8 s each)."""
+BIG_UPLOAD = 50 * 1024 * 1024
+BIG_RUNS = 3
 PHASE_TIMEOUT_S = 60.0
 
 TARGETS = {
@@ -78,6 +89,8 @@ TARGETS = {
     "kb_per_waiting": 25.0,
     "mb_per_big_waiting": 1.1,
     "health_p99_ms": 5.0,
+    "stream_vs_floor": 1.0,
+    "upload_copies": 1.0,
 }
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -132,14 +145,23 @@ def cpu_seconds(pid: int) -> float:
 class Server:
     """``manage.py serve`` as a subprocess with one fake model ``m``."""
 
-    def __init__(self, tmp: Path, name: str, scheduler: str, pin: bool) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        scheduler: str,
+        pin: bool,
+        *,
+        model_module: str = "fakellm",
+        stages_out: Path | None = None,
+    ) -> None:
         self.port = free_port()
         self.model_port = free_port()
         taskset = f"taskset -c {CLIENT_CPU} " if pin else ""
         model = {
-            "cmd": f"{taskset}{PY} -m fakellm --host 127.0.0.1 --port {self.model_port}",
+            "cmd": f"{taskset}{PY} -m {model_module} --host 127.0.0.1 --port {self.model_port}",
             "proxy": f"http://127.0.0.1:{self.model_port}",
-            "concurrencyLimit": 32,
+            "concurrencyLimit": 64,  # every paced stream at once
         }
         config = {
             "healthCheckTimeout": 15,
@@ -154,7 +176,11 @@ class Server:
         env["DEBUG"] = "false"
         env["PYTHONUNBUFFERED"] = "1"
         env["LLAMASWAP_STATE_DIR"] = str(tmp / f"state-{name}")
-        cmd = [PY, "manage.py", "serve", "--config", str(config_path)]
+        if stages_out is not None:  # the same server, with stage stamps (bench/stages.py)
+            env["BENCH_STAGES_OUT"] = str(stages_out)
+            cmd = [PY, "-m", "bench.stages", "--config", str(config_path)]
+        else:
+            cmd = [PY, "manage.py", "serve", "--config", str(config_path)]
         cmd += ["--listen", f"127.0.0.1:{self.port}", "--grace", "2"]
         if pin:
             cmd = ["taskset", "-c", str(SERVER_CPU), *cmd]
@@ -222,6 +248,56 @@ class Server:
         for pid in self.children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        self._log.close()
+
+
+class Floor:
+    """The minimal relay (``bench/floor.py``) as a subprocess on the server's core, relaying
+    to ``model_port``: the floor every proxy figure is compared with."""
+
+    def __init__(self, tmp: Path, model_port: int, pin: bool) -> None:
+        self.port = free_port()
+        self.log_path = tmp / "floor.log"
+        cmd = [PY, "-m", "bench.floor", "--port", str(self.port)]
+        cmd += ["--upstream", f"http://127.0.0.1:{model_port}"]
+        if pin:
+            cmd = ["taskset", "-c", str(SERVER_CPU), *cmd]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=raise_nofile,  # noqa: PLW1509 - only sets a limit
+        )
+        self.pid = self.proc.pid
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"floor exited:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                with Conn(self.port, timeout=1) as c:
+                    if c.get("/health").status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"floor not ready:\n{self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
         self._log.close()
 
 
@@ -328,24 +404,29 @@ class Conn:
 class Latency:
     direct: list[int] = field(default_factory=list)
     proxy: list[int] = field(default_factory=list)
+    floor: list[int] = field(default_factory=list)
 
     def ms(self, side: str, q: float) -> float:
         return quantile_us(getattr(self, side), q) / 1000
 
 
-def latency(server: Server, stream: bool) -> Latency:
-    """Sequential requests, direct and proxied alternately, on one keep-alive connection each.
+def latency(server: Server, stream: bool, floor_port: int | None = None) -> Latency:
+    """Sequential requests, direct, through the floor (if given) and proxied in turn, on
+    one keep-alive connection each.
 
     JSON: time until the whole (short) response is read. SSE: time until the first body
     piece holding an event arrives.
     """
     out = Latency()
     req = dict(CHAT, stream=True) if stream else CHAT
-    raws = {"direct": post_bytes(server.model_port, req), "proxy": post_bytes(server.port, req)}
-    with Conn(server.model_port) as direct, Conn(server.port) as proxy:
-        conns = {"direct": direct, "proxy": proxy}
+    ports = {"direct": server.model_port, "proxy": server.port}
+    if floor_port is not None:
+        ports["floor"] = floor_port
+    raws = {side: post_bytes(port, req) for side, port in ports.items()}
+    with contextlib.ExitStack() as stack:
+        conns = {side: stack.enter_context(Conn(port)) for side, port in ports.items()}
         for i in range(WARMUP + SAMPLES):
-            for side in ("direct", "proxy"):
+            for side in ports:
                 t0 = time.perf_counter_ns()
                 r = conns[side].send(raws[side])
                 if r.status != 200:
@@ -425,24 +506,151 @@ def rps(port: int, pid: int, seconds: float) -> dict:
 
 def stream_rate(port: int) -> dict:
     """One stream of STREAM_TOKENS chunks, best of a few runs (one warm-up first)."""
+    return stream_rates({"one": port})["one"]
+
+
+def stream_rates(ports: dict[str, int], runs: int = STREAM_RUNS) -> dict[str, dict]:
+    """One stream of STREAM_TOKENS chunks per side, the sides in turn, ``runs`` times after
+    a warm-up each; the best run per side, and every run's rate (``runs_s``)."""
     req = dict(CHAT, stream=True, fake_tokens=STREAM_TOKENS, fake_tokens_per_second=0)
-    raw = post_bytes(port, req)
-    best: dict = {}
-    with Conn(port, timeout=PHASE_TIMEOUT_S) as c:
-        for run in range(STREAM_RUNS + 1):
-            t0 = time.perf_counter_ns()
-            r = c.send(raw)
-            if r.status != 200:
-                raise RuntimeError(f"stream: HTTP {r.status}")
-            seconds = (r.done_ns - t0) / 1e9
-            events = r.body.count(b"data: ")
-            if events < STREAM_TOKENS:
-                raise RuntimeError(f"stream: only {events} events")
-            result = {"chunks_s": events / seconds, "mb_s": len(r.body) / seconds / 1e6}
-            result["events"] = events
-            if run and result["chunks_s"] > best.get("chunks_s", 0):
-                best = result
+    best: dict[str, dict] = {side: {"runs_s": []} for side in ports}
+    with contextlib.ExitStack() as stack:
+        conns = {
+            side: stack.enter_context(Conn(port, timeout=PHASE_TIMEOUT_S))
+            for side, port in ports.items()
+        }
+        for run in range(runs + 1):
+            for side, port in ports.items():
+                t0 = time.perf_counter_ns()
+                r = conns[side].send(post_bytes(port, req))
+                if r.status != 200:
+                    raise RuntimeError(f"stream ({side}): HTTP {r.status}")
+                seconds = (r.done_ns - t0) / 1e9
+                events = r.body.count(b"data: ")
+                if events < STREAM_TOKENS:
+                    raise RuntimeError(f"stream ({side}): only {events} events")
+                result = {"chunks_s": events / seconds, "mb_s": len(r.body) / seconds / 1e6}
+                result["events"] = events
+                if run:
+                    best[side]["runs_s"].append(result["chunks_s"])
+                    if result["chunks_s"] > best[side].get("chunks_s", 0):
+                        best[side].update(result)
     return best
+
+
+async def _paced(port: int, pid: int) -> dict:
+    """PACED_STREAMS streams at once, each PACED_RATE llama-server-sized events a second:
+    events delivered a second and the CPU time ``pid`` spent per event, over a window
+    after a warm-up (every stream is running throughout the window)."""
+    req = dict(
+        CHAT, stream=True, fake_tokens=PACED_TOKENS, fake_tokens_per_second=PACED_RATE
+    )
+    raw = post_bytes(port, req)
+    state = {"counting": False, "events": 0, "bytes": 0, "errors": 0}
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(i / PACED_RATE / PACED_STREAMS)  # phases spread over a period
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(raw)
+            head = await reader.readuntil(b"\r\n\r\n")
+            if head[9:12] != b"200" or b"chunked" not in head.lower():
+                state["errors"] += 1
+                return
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                if size == 0:
+                    await reader.readuntil(b"\r\n")
+                    return
+                data = await reader.readexactly(size + 2)
+                if state["counting"]:
+                    state["events"] += data.count(b"data: ")
+                    state["bytes"] += size
+        finally:
+            writer.close()
+
+    async with asyncio.timeout(PACED_TOKENS / PACED_RATE + 30):
+        tasks = [asyncio.create_task(one(i)) for i in range(PACED_STREAMS)]
+        await asyncio.sleep(PACED_WARMUP_S)
+        t0, cpu0 = time.perf_counter(), cpu_seconds(pid)
+        state["counting"] = True
+        await asyncio.sleep(PACED_SECONDS)
+        state["counting"] = False
+        t1, cpu1 = time.perf_counter(), cpu_seconds(pid)
+        await asyncio.gather(*tasks)
+    events = max(state["events"], 1)
+    return {
+        "events_s": state["events"] / (t1 - t0),
+        "cpu_us_per_event": (cpu1 - cpu0) / events * 1e6,
+        "cpu_share": (cpu1 - cpu0) / (t1 - t0),
+        "event_bytes": state["bytes"] / events,
+        "errors": state["errors"],
+    }
+
+
+def paced(port: int, pid: int) -> dict:
+    return asyncio.run(_paced(port, pid))
+
+
+def _multipart(size: int) -> tuple[bytes, str]:
+    boundary = "benchboundary7MA4YWxkTrZu0gW"
+    head = (
+        f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n"
+        f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.wav\"\r\n"
+        "Content-Type: audio/wav\r\n\r\n"
+    ).encode()
+    tail = f"\r\n--{boundary}--\r\n".encode()
+    block = bytes(range(256)) * 4096  # 1 MiB of every byte value
+    payload = (block * (size // len(block) + 1))[:size]
+    return head + payload + tail, f"multipart/form-data; boundary={boundary}"
+
+
+def peak_rss_kb(pid: int) -> int:
+    return int(proc_status(pid)["VmHWM"].split()[0])
+
+
+def reset_peak(pid: int) -> bool:
+    """Reset the kernel's peak RSS (VmHWM) of ``pid`` to its RSS now."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def upload(port: int, pid: int, body: bytes, content_type: str, runs: int = BIG_RUNS) -> dict:
+    """POST ``body`` (multipart, a model field and one file) to the transcription endpoint:
+    the best time to the whole answer, and the peak RSS above the RSS before (VmHWM reset
+    before every run), the lowest of the runs, in MB and in copies of the body."""
+    head = (
+        f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    best_s, peaks = float("inf"), []
+    for _ in range(runs):
+        gc.collect()
+        time.sleep(0.3)
+        resettable = reset_peak(pid)
+        before = rss_kb(pid)
+        with Conn(port, timeout=PHASE_TIMEOUT_S) as c:
+            t0 = time.perf_counter()
+            c.sock.sendall(head)
+            c.sock.sendall(body)
+            r = c.read()
+            seconds = time.perf_counter() - t0
+        if r.status != 200:
+            raise RuntimeError(f"upload: HTTP {r.status} {r.body[:300]!r}")
+        best_s = min(best_s, seconds)
+        if resettable:
+            peaks.append((peak_rss_kb(pid) - before) / 1024)
+    peak_mb = min(peaks) if peaks else float("nan")
+    return {
+        "seconds": best_s,
+        "peak_mb": peak_mb,
+        "copies": peak_mb * 1024 * 1024 / len(body),
+        "mb": len(body) / 1e6,
+    }
 
 
 async def _waiting(server: Server) -> dict:
@@ -584,14 +792,15 @@ def verdict(ok: bool) -> str:
 
 
 def main() -> str:
-    print("== proxy: manage.py serve vs the model server called directly ==")
+    print("== proxy: manage.py serve vs the minimal relay vs the model server called directly ==")
     started = time.perf_counter()
     pin = pinning()
     old_affinity = os.sched_getaffinity(0) if pin else None
     nofile = raise_nofile()
     tmp = Path(tempfile.mkdtemp(prefix="bench-proxy-"))
     gc_was_enabled = gc.isenabled()
-    servers: list[Server] = []
+    servers: list[Server | Floor] = []
+    r: dict = {}
     try:
         if pin:
             os.sched_setaffinity(0, {CLIENT_CPU})
@@ -600,31 +809,63 @@ def main() -> str:
             [PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=120
         )
 
-        # -- fifo server: latency, throughput, stream
+        # -- fifo server and the minimal relay: latency, throughput, streams, a big upload
         fifo = Server(tmp, "fifo", "fifo", pin)
         servers.append(fifo)
         fifo.wait_ready()
         with Conn(fifo.port, timeout=PHASE_TIMEOUT_S) as c:  # loads the model
-            if (r := c.send(post_bytes(fifo.port, CHAT))).status != 200:
-                raise RuntimeError(f"first request: HTTP {r.status} {r.body[:300]!r}")
-        gc.disable()  # a collection in the client is noise on both sides
+            if (resp := c.send(post_bytes(fifo.port, CHAT))).status != 200:
+                raise RuntimeError(f"first request: HTTP {resp.status} {resp.body[:300]!r}")
+        floor = Floor(tmp, fifo.model_port, pin)
+        servers.append(floor)
+        floor.wait_ready()
+        model_pid = fifo.model_pid()
+        pids = {"direct": model_pid, "floor": floor.pid, "proxy": fifo.pid}
+        ports = {"direct": fifo.model_port, "floor": floor.port, "proxy": fifo.port}
+        gc.disable()  # a collection in the client is noise on every side
         print("  latency: JSON ...")
-        lat_json = latency(fifo, stream=False)
+        r["lat_json"] = latency(fifo, stream=False, floor_port=floor.port)
         print("  latency: first SSE event ...")
-        lat_sse = latency(fifo, stream=True)
+        r["lat_sse"] = latency(fifo, stream=True, floor_port=floor.port)
         gc.enable()
         gc.collect()
-        print("  requests/s, 16 clients: direct ...")
-        rps_direct = rps(fifo.model_port, fifo.model_pid(), 3.0)
-        print("  requests/s, 16 clients: proxy ...")
-        rps_proxy = rps(fifo.port, fifo.pid, RPS_SECONDS)
-        print(f"    {rps_direct['rps']:,.0f} direct, {rps_proxy['rps']:,.0f} proxied")
-        print("  one stream of 20,000 chunks ...")
-        stream_direct = stream_rate(fifo.model_port)
-        stream_proxy = stream_rate(fifo.port)
+        r["rps"] = {}
+        for side in ("direct", "floor", "proxy"):
+            print(f"  requests/s, {RPS_CLIENTS} clients: {side} ...")
+            r["rps"][side] = rps(ports[side], pids[side], 3.0 if side == "direct" else RPS_SECONDS)
+        print("    " + ", ".join(f"{v['rps']:,.0f} {k}" for k, v in r["rps"].items()))
+        print(f"  one stream of {STREAM_TOKENS:,} chunks, sides in turn ...")
+        r["stream"] = stream_rates(ports)
+        print("    " + ", ".join(f"{v['chunks_s']:,.0f} {k}" for k, v in r["stream"].items()))
+        print(f"  {PACED_STREAMS} streams at {PACED_RATE:g} events/s each ...")
+        r["paced"] = {"direct": paced(ports["direct"], pids["direct"])}
+        runs: dict[str, list[dict]] = {"floor": [], "proxy": []}
+        for side in ("floor", "proxy", "proxy", "floor"):
+            runs[side].append(paced(ports[side], pids[side]))
+        for side, results in runs.items():
+            merged = {k: sum(x[k] for x in results) / len(results) for k in results[0]}
+            merged["runs_us"] = [x["cpu_us_per_event"] for x in results]
+            r["paced"][side] = merged
         print(
-            f"    {stream_direct['chunks_s']:,.0f} direct, {stream_proxy['chunks_s']:,.0f} proxied"
+            "    CPU µs/event: "
+            + ", ".join(f"{v['cpu_us_per_event']:.0f} {k}" for k, v in r["paced"].items())
         )
+        print(f"  one {BIG_UPLOAD >> 20} MiB upload ...")
+        body, content_type = _multipart(BIG_UPLOAD)
+        r["upload"] = {
+            side: upload(ports[side], pids[side], body, content_type)
+            for side in ("direct", "floor", "proxy")
+        }
+        del body
+        print(
+            "    "
+            + ", ".join(
+                f"{k} {v['seconds']:.2f} s, peak +{v['peak_mb']:.0f} MB"
+                for k, v in r["upload"].items()
+            )
+        )
+        floor.stop()
+        servers.remove(floor)
         fifo.stop()
         servers.remove(fifo)
 
@@ -635,8 +876,8 @@ def main() -> str:
         serial.wait_ready()
         with Conn(serial.port, timeout=PHASE_TIMEOUT_S) as c:
             for _ in range(WARMUP):
-                if (r := c.send(post_bytes(serial.port, CHAT))).status != 200:
-                    raise RuntimeError(f"warm-up: HTTP {r.status} {r.body[:300]!r}")
+                if (resp := c.send(post_bytes(serial.port, CHAT))).status != 200:
+                    raise RuntimeError(f"warm-up: HTTP {resp.status} {resp.body[:300]!r}")
         wait = asyncio.run(_waiting(serial))
         print(
             f"    {wait['waiting']:,} queued in {wait['queued_s']:.1f} s; drained in "
@@ -654,62 +895,44 @@ def main() -> str:
         if old_affinity is not None:
             os.sched_setaffinity(0, old_affinity)
         shutil.rmtree(tmp, ignore_errors=True)
+    r["wait"] = wait
     elapsed = time.perf_counter() - started
-    return report(
-        lat_json,
-        lat_sse,
-        rps_direct,
-        rps_proxy,
-        stream_direct,
-        stream_proxy,
-        wait,
-        elapsed,
-        pin,
-        nofile,
-    )
+    return report(r, elapsed, pin, nofile)
 
 
-def report(
-    lat_json: Latency,
-    lat_sse: Latency,
-    rps_direct: dict,
-    rps_proxy: dict,
-    stream_direct: dict,
-    stream_proxy: dict,
-    wait: dict,
-    elapsed: float,
-    pin: bool,
-    nofile: int,
-) -> str:
+def report(r: dict, elapsed: float, pin: bool, nofile: int) -> str:
     t = TARGETS
     rows: list[list[str]] = []
     checks: list[tuple[str, bool]] = []
     for label, lat in (
-        ("JSON chat completion, whole response", lat_json),
-        ("streaming, first SSE event", lat_sse),
+        ("JSON chat completion, whole response", r["lat_json"]),
+        ("streaming, first SSE event", r["lat_sse"]),
     ):
         for q, key in ((0.5, "ttfb_p50_ms"), (0.99, "ttfb_p99_ms")):
-            d, p = lat.ms("direct", q), lat.ms("proxy", q)
+            d, f, p = lat.ms("direct", q), lat.ms("floor", q), lat.ms("proxy", q)
             ok = p - d <= t[key]
-            name = f"{label}, p{int(q * 100)} ms"
+            name = f"{label}, p{int(q * 100)}, ms (added: minus direct)"
             rows.append(
                 [
                     name,
                     f_ms(d),
-                    f_ms(p),
-                    f"+{p - d:.2f} ({p / d:.1f}×)",
+                    f"{f_ms(f)} (+{f - d:.2f})",
+                    f"{f_ms(p)} (+{p - d:.2f})",
+                    f"{(p - d) / max(f - d, 1e-9):.2f}× added",
                     f"≤ +{t[key]:g}",
                     verdict(ok),
                 ]
             )
             checks.append((name, ok))
-    ok = rps_proxy["rps"] >= t["rps"] and not rps_proxy["errors"]
+    rps_ = r["rps"]
+    ok = rps_["proxy"]["rps"] >= t["rps"] and not rps_["proxy"]["errors"]
     rows.append(
         [
             f"requests/s, {RPS_CLIENTS} clients, fifo, non-streaming",
-            f_int(rps_direct["rps"]),
-            f_int(rps_proxy["rps"]),
-            f"{rps_proxy['rps'] / rps_direct['rps']:.2f}×",
+            f_int(rps_["direct"]["rps"]),
+            f_int(rps_["floor"]["rps"]),
+            f_int(rps_["proxy"]["rps"]),
+            f"{rps_['proxy']['rps'] / rps_['floor']['rps']:.2f}×",
             f"≥ {t['rps']:g}",
             verdict(ok),
         ]
@@ -717,22 +940,26 @@ def report(
     checks.append(("requests/s", ok))
     rows.append(
         [
-            "CPU per request at that load, ms (model server / proxy server)",
-            f_ms(rps_direct["cpu_ms"]),
-            f_ms(rps_proxy["cpu_ms"]),
-            f"{rps_proxy['cpu_ms'] / rps_direct['cpu_ms']:.1f}×",
+            "CPU per request at that load, ms",
+            f_ms(rps_["direct"]["cpu_ms"]),
+            f_ms(rps_["floor"]["cpu_ms"]),
+            f_ms(rps_["proxy"]["cpu_ms"]),
+            f"{rps_['proxy']['cpu_ms'] / rps_['floor']['cpu_ms']:.2f}×",
             "",
             "",
         ]
     )
-    ok = stream_proxy["chunks_s"] >= t["chunks_per_s"]
+    st = r["stream"]
+    ratio = st["proxy"]["chunks_s"] / st["floor"]["chunks_s"]
+    ok = st["proxy"]["chunks_s"] >= t["chunks_per_s"] and ratio >= t["stream_vs_floor"]
     rows.append(
         [
-            f"one stream of {STREAM_TOKENS:,} chunks, SSE events/s",
-            f_int(stream_direct["chunks_s"]),
-            f_int(stream_proxy["chunks_s"]),
-            f"{stream_proxy['chunks_s'] / stream_direct['chunks_s']:.2f}×",
-            f"≥ {t['chunks_per_s']:,.0f}",
+            f"one stream of {STREAM_TOKENS:,} chunks, SSE events/s (best of {STREAM_RUNS})",
+            f_int(st["direct"]["chunks_s"]),
+            f_int(st["floor"]["chunks_s"]),
+            f_int(st["proxy"]["chunks_s"]),
+            f"{ratio:.2f}×",
+            f"≥ {t['stream_vs_floor']:g}× relay, ≥ {t['chunks_per_s']:,.0f}",
             verdict(ok),
         ]
     )
@@ -740,15 +967,89 @@ def report(
     rows.append(
         [
             "same stream, MB/s",
-            f"{stream_direct['mb_s']:.1f}",
-            f"{stream_proxy['mb_s']:.1f}",
-            f"{stream_proxy['mb_s'] / stream_direct['mb_s']:.2f}×",
+            f"{st['direct']['mb_s']:.1f}",
+            f"{st['floor']['mb_s']:.1f}",
+            f"{st['proxy']['mb_s']:.1f}",
+            f"{st['proxy']['mb_s'] / st['floor']['mb_s']:.2f}×",
             "",
             "",
         ]
     )
-    header = ["measure", "direct", "through the proxy", "added (ratio)", "target", ""]
-
+    pc = r["paced"]
+    for key, label in (
+        ("events_s", f"{PACED_STREAMS} streams × {PACED_RATE:g} events/s, events/s delivered"),
+        ("cpu_us_per_event", "same, CPU per event, µs (model server / relay / proxy)"),
+        ("cpu_share", "same, CPU used, share of one core"),
+    ):
+        ratio = pc["proxy"][key] / pc["floor"][key]
+        fmt = (lambda v: f"{v:.2f}") if key == "cpu_share" else f_int
+        cells = [label, fmt(pc["direct"][key]), fmt(pc["floor"][key]), fmt(pc["proxy"][key])]
+        if key == "cpu_us_per_event":
+            ok = ratio <= 1.0
+            rows.append([*cells, f"{ratio:.2f}×", "≤ 1× relay", verdict(ok)])
+            checks.append(("paced streams, CPU per event", ok))
+        else:
+            rows.append([*cells, f"{ratio:.2f}×", "", ""])
+    up = r["upload"]
+    rows.append(
+        [
+            f"one {BIG_UPLOAD >> 20} MiB multipart upload, seconds to the answer",
+            f"{up['direct']['seconds']:.2f}",
+            f"{up['floor']['seconds']:.2f}",
+            f"{up['proxy']['seconds']:.2f}",
+            f"{up['proxy']['seconds'] / up['floor']['seconds']:.2f}×",
+            "",
+            "",
+        ]
+    )
+    ok = up["proxy"]["copies"] <= t["upload_copies"]
+    rows.append(
+        [
+            "same, peak memory above idle, MB (copies of the body)",
+            f"{up['direct']['peak_mb']:.0f} ({up['direct']['copies']:.1f})",
+            f"{up['floor']['peak_mb']:.0f} ({up['floor']['copies']:.1f})",
+            f"{up['proxy']['peak_mb']:.0f} ({up['proxy']['copies']:.1f})",
+            f"{up['proxy']['peak_mb'] / up['floor']['peak_mb']:.2f}×",
+            f"≤ {t['upload_copies']:g} copy",
+            verdict(ok),
+        ]
+    )
+    checks.append(("upload memory", ok))
+    header = [
+        "measure",
+        "direct",
+        "minimal relay",
+        "product",
+        "product / relay",
+        "target",
+        "",
+    ]
+    wait = r["wait"]
+    rps_proxy = rps_["proxy"]
+    lines_note = (
+        f"Direct = the same client code sending the same request to the model process's own "
+        f"port (the one the proxy relays to). Minimal relay = `bench/floor.py`: a plain async "
+        "Django view relaying with one httpx `AsyncClient`, Django's stock ASGI handler, daphne's "
+        "defaults, on the server's core, relaying to the same model process. Latency: "
+        f"{SAMPLES} sequential requests per side after {WARMUP} warm-up, the three sides in "
+        "turn, one keep-alive connection each; added = quantile minus direct's. Requests/s: "
+        f"{RPS_CLIENTS} keep-alive raw-socket clients, `routing.scheduler.use: fifo`, "
+        f"`concurrencyLimit: 64`, {RPS_SECONDS:g} s after {RPS_WARMUP_S:g} s warm-up "
+        f"({rps_proxy['requests']:,} proxied, {rps_proxy['errors']} errors); CPU per request "
+        "is the process's utime+stime over the window. Stream: `fake_tokens: "
+        f"{STREAM_TOKENS}`, no pacing, the sides in turn, best of {STREAM_RUNS} after a warm-up "
+        f"(every run, events/s: relay {', '.join(f_int(x) for x in st['floor']['runs_s'])}; "
+        f"product {', '.join(f_int(x) for x in st['proxy']['runs_s'])}). Paced streams: "
+        f"{PACED_STREAMS} at once, `fake_tokens_per_second: {PACED_RATE:g}`, events of "
+        f"{pc['proxy']['event_bytes']:.0f} bytes (llama-server's chat chunks are the same "
+        f"size), CPU over {PACED_SECONDS:g} s after {PACED_WARMUP_S:g} s, relay and product "
+        "twice each (relay, product, product, relay; CPU µs per event, relay "
+        f"{', '.join(f'{x:.0f}' for x in pc['floor']['runs_us'])}, product "
+        f"{', '.join(f'{x:.0f}' for x in pc['proxy']['runs_us'])}). Upload: a multipart body "
+        f"(a `model` field and one {BIG_UPLOAD >> 20} MiB file) to `/v1/audio/transcriptions`, "
+        f"best time of {BIG_RUNS}; peak memory = the kernel's peak RSS (VmHWM, reset before "
+        "each run) minus the RSS before, the lowest of the runs."
+    )
     big = wait["big"]
     big_mb = (big["rss_during"] - big["rss_before"]) / 1024 / max(big["waiting"], 1)
     n = wait["waiting"]
@@ -812,8 +1113,9 @@ def report(
     ]
     missed = [name for name, ok in checks if not ok]
     placement = (
-        f"the server pinned to core {SERVER_CPU} (`taskset -c {SERVER_CPU}`), the model "
-        f"process and this load generator sharing core {CLIENT_CPU}"
+        f"the server and the minimal relay pinned to core {SERVER_CPU} (`taskset -c "
+        f"{SERVER_CPU}`, never both under load at once), the model process and this load "
+        f"generator sharing core {CLIENT_CPU}"
         if pin
         else "no CPU pinning (fewer than two usable cores)"
     )
@@ -825,15 +1127,7 @@ def report(
         "",
         markdown_table(header, rows),
         "",
-        f"Direct = the same client code sending the same request to the model process's own "
-        f"port (the one the proxy relays to). Latency: {SAMPLES} sequential requests per side "
-        f"after {WARMUP} warm-up, direct and proxied alternately, one keep-alive connection "
-        "each; added = proxy quantile minus direct quantile. Requests/s: "
-        f"{RPS_CLIENTS} keep-alive raw-socket clients, `routing.scheduler.use: fifo`, "
-        f"`concurrencyLimit: 32`, {RPS_SECONDS:g} s after {RPS_WARMUP_S:g} s warm-up "
-        f"({rps_proxy['requests']:,} proxied, {rps_proxy['errors']} errors); CPU per request "
-        "is the server's (or model server's) utime+stime over the window. Stream: "
-        f"`fake_tokens: {STREAM_TOKENS}`, no pacing, best of {STREAM_RUNS} after a warm-up.",
+        lines_note,
         "",
         f"{n:,} requests waiting at once (serial scheduler; one request with `fake_delay` "
         f"holds the model), opened as raw sockets that write one POST each, "

@@ -62,6 +62,9 @@ CRASH_FLUSH_SECONDS = 0.05
 (the server buffers writes until its next loop turn), as a crashed llama-server's last
 writes are already in the kernel."""
 UNPACED_YIELD_EVERY = 16
+WATCHED_PAUSE = 0.05
+"""Paced waits from this long on return as soon as the client goes away; shorter ones are
+plain sleeps."""
 """An unpaced stream lets the server write (and notice a disconnect) every this many chunks."""
 WORDS = ["The", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "."]
 ERROR_TYPES = {
@@ -397,23 +400,7 @@ async def embeddings(ex: Exchange, body: dict[str, Any], model: str) -> int:
 
 
 async def multipart(ex: Exchange, raw: bytes, record: dict[str, Any] | None) -> int:
-    from email.parser import BytesParser  # only here: keeps start-up fast
-    from email.policy import HTTP
-
-    head = f"Content-Type: {ex.headers['content-type']}\r\n\r\n".encode("latin-1")
-    message = BytesParser(policy=HTTP).parsebytes(head + raw)
-    fields: dict[str, str] = {}
-    files: dict[str, int] = {}
-    if message.is_multipart():
-        for part in message.iter_parts():
-            name = part.get_param("name", header="content-disposition") or ""
-            payload = part.get_payload(decode=True)
-            data = payload if isinstance(payload, bytes) else b""
-            filename = part.get_filename()
-            if filename:
-                files[filename] = len(data)
-            else:
-                fields[str(name)] = data.decode("utf-8", "replace")
+    fields, files = parse_multipart(ex.headers["content-type"], raw)
     if record is not None:
         record["body"] = {"fields": fields, "files": files}
         record["model"] = fields.get("model")
@@ -421,6 +408,55 @@ async def multipart(ex: Exchange, raw: bytes, record: dict[str, Any] | None) -> 
         described = ", ".join(f"{name} ({size} bytes)" for name, size in files.items())
         return await ex.send_json(200, {"text": f"fake transcription of {described or 'nothing'}"})
     return await ex.send_json(200, {"path": ex.path, "ok": True})
+
+
+def _params(header: str) -> dict[str, str]:
+    """``name="value"`` parameters of a Content-Type or Content-Disposition header."""
+    params = {}
+    for part in header.split(";")[1:]:
+        key, sep, value = part.strip().partition("=")
+        if sep:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1].replace('\\"', '"')
+            params[key.strip().lower()] = value
+    return params
+
+
+def parse_multipart(content_type: str, raw: bytes) -> tuple[dict[str, str], dict[str, int]]:
+    """The text fields, and each file's size by file name, of a multipart/form-data body.
+
+    Found by searching for the boundary: a file's bytes are measured, never copied (an
+    upload of many megabytes costs the simulated server next to nothing)."""
+    fields: dict[str, str] = {}
+    files: dict[str, int] = {}
+    boundary = _params(content_type).get("boundary", "")
+    if not boundary:
+        return fields, files
+    delimiter = b"--" + boundary.encode("latin-1")
+    pos = raw.find(delimiter)
+    while pos >= 0:
+        start = pos + len(delimiter)
+        if raw[start : start + 2] == b"--":
+            break
+        head_end = raw.find(b"\r\n\r\n", start)
+        if head_end < 0:
+            break
+        end = raw.find(b"\r\n" + delimiter, head_end + 4)
+        if end < 0:
+            break
+        disposition = ""
+        for line in raw[start:head_end].decode("latin-1").split("\r\n"):
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-disposition":
+                disposition = value
+        params = _params(disposition)
+        if "filename" in params:
+            files[params["filename"]] = end - (head_end + 4)
+        else:
+            fields[params.get("name", "")] = raw[head_end + 4 : end].decode("utf-8", "replace")
+        pos = end + 2
+    return fields, files
 
 
 async def generate(
@@ -537,11 +573,22 @@ async def generate(
         first = chunk(None, None)
         first["choices"][0]["delta"] = {"role": "assistant", "content": None}
         await ex.send_chunk(sse(first))
+    due = began
     for i, token in enumerate(tokens):
         await crash_if_due(i)
         if interval:
-            if i and await ex.pause(interval):
-                return None
+            if i:
+                # On a schedule (``interval`` apart from the first token), so that the pace
+                # holds however long a send takes. A short wait is a plain sleep (no task
+                # per token); a client gone meanwhile shows at the next token.
+                due += interval
+                delay = due - time.monotonic()
+                if delay >= WATCHED_PAUSE:
+                    if await ex.pause(delay):
+                        return None
+                else:
+                    ex.watch()
+                    await asyncio.sleep(max(delay, 0.0))
         elif i % UNPACED_YIELD_EVERY == 0:
             await asyncio.sleep(0)  # the server writes what was sent; a disconnect shows
         if ex.gone.is_set():

@@ -1,9 +1,10 @@
 """HTTP to the model processes: one connection pool of plain asyncio protocols.
 
-httpx's own client stack (``AsyncClient.send`` -> httpcore's pool -> anyio -> h11) costs
-about 0.4 ms of CPU to write a request and as much to read a short answer on this project's
-machines, and per streamed chunk a cancel scope, a checkpoint and h11's event parsing
-(measured in BENCHMARKS.md, "Dispatch gap at the model"). A model server on loopback needs
+httpx's own client stack (``AsyncClient.send`` -> httpcore's pool -> anyio -> h11) took
+0.4-0.7 ms from a granted turn to the request's first byte on the socket, and as much again
+to read a short answer, on this project's machines; per streamed chunk, a cancel scope, a
+checkpoint (an extra loop turn) and h11's event parsing (BENCHMARKS.md, "Dispatch gap at
+the model"). A model server on loopback needs
 none of it, so :class:`LeanTransport` speaks HTTP/1.1 itself: one ``asyncio.Protocol``
 per connection, keep-alive connections kept per host, the request written with one
 ``write`` (large bodies in slices, with flow control, never a second copy), the answer
@@ -69,6 +70,7 @@ class Upstreams:
     def __init__(self, size: int = 1, transport: httpx.AsyncBaseTransport | None = None):
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        self._defaults: list[tuple[bytes, tuple[bytes, bytes]]] | None = None
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -78,6 +80,27 @@ class Upstreams:
                 timeout=TIMEOUT, transport=self._transport, trust_env=False
             )
         return self._client
+
+    def request(
+        self,
+        method: str,
+        url: httpx.URL,
+        headers: list[tuple[bytes, bytes]],
+        content: bytes,
+        timeout: dict[str, float | None],
+    ) -> httpx.Request:
+        """The request :meth:`client`'s ``build_request`` would build (its default headers
+        where the caller sent none of that name, then the caller's; ``timeout`` as the
+        extension httpx's transports read), for half its cost."""
+        defaults = self._defaults
+        if defaults is None:
+            defaults = self._defaults = [(k.lower(), (k, v)) for k, v in self.client().headers.raw]
+        given = {k.lower() for k, _ in headers}
+        merged = [kv for low, kv in defaults if low not in given]
+        merged += headers
+        return httpx.Request(
+            method, url, headers=merged, content=content, extensions={"timeout": timeout}
+        )
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         """Send ``request`` (built with :meth:`client`'s ``build_request``); returns once the

@@ -1,0 +1,429 @@
+"""The GPU's idle time between serial jobs, measured at the model, 1,000 waiting.
+
+A real ``manage.py serve`` (serial scheduler, the product's defaults) relays to
+``bench.stampmodel``, a raw asyncio model server that answers at once and notes when each
+request arrived and when the last byte of its answer was handed to the kernel
+(CLOCK_MONOTONIC, which both processes read). The gap of job n+1 is its arrival at the model
+minus the end of job n's answer: time the GPU would sit idle although 1,000 requests wait.
+
+1,001 keep-alive client connections keep a request each in flight (one running, 1,000
+waiting): as an answer comes back its connection sends the next request, so new arrivals
+compete with the job change exactly as under steady load. Priorities mix 100/0/-100.
+
+The breakdown comes from a second server, the same code started through
+``bench/stages.py`` (a wrapper that notes the clock at each stage), in the same run: end of
+the upstream answer (model) -> read by the proxy -> ``finish`` -> dispatcher task runs ->
+pick -> grant -> the dispatcher's step done -> view resumes -> first write to the model's
+socket -> arrival at the model. Modes alternate in rounds on fresh servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import machine, markdown_table
+from bench.bench_proxy import (
+    CLIENT_CPU,
+    PHASE_TIMEOUT_S,
+    PY,
+    ROOT,
+    Conn,
+    Server,
+    _read_response,
+    pinning,
+    raise_nofile,
+)
+
+WAITING = 1_000
+WARMUP_JOBS = 500
+JOBS = 2_000
+ROUNDS = 2
+SERVICE_S = (0.0, 0.005)
+"""Job lengths at the model: answered at once, and a short (embedding-sized) job."""
+TARGET_P50_MS = 0.5
+TARGET_P99_MS = 2.0
+PRIORITIES = ("100", "0", "-100")
+
+STAGES = [
+    ("read", "the proxy has read the model's whole answer"),
+    ("finish", "`Dispatcher.finish` called (turn closed)"),
+    ("handle", "dispatcher task takes the event"),
+    ("pick", "pick starts"),
+    ("picked", "pick returns"),
+    ("grant", "`_grant`: the ticket's future resolved"),
+    ("turned", "`_start_turn` returns (dispatch log line, observers)"),
+    ("resume", "the granted view resumes (`Turn.wait` returns)"),
+    ("write", "first write of the request to the model's socket"),
+]
+
+
+def _post(port: int, priority: str, service_s: float = 0.0) -> bytes:
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nX-LlamaSwap-Priority: {priority}\r\n"
+        f"X-Stamp-Delay: {service_s:g}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def _load(port: int, jobs: int, service_s: float) -> dict:
+    """WAITING + 1 connections, each sending its next request as its answer arrives,
+    until ``jobs`` answers came back."""
+    done = {"ok": 0, "errors": 0}
+    finished = asyncio.Event()
+
+    async def client(i: int) -> None:
+        raw = _post(port, PRIORITIES[i % 3], service_s)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.transport.get_extra_info("socket").setsockopt(
+            socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
+        )
+        try:
+            while not finished.is_set():
+                writer.write(raw)
+                status = await _read_response(reader)
+                done["ok" if status == 200 else "errors"] += 1
+                if done["ok"] + done["errors"] >= jobs:
+                    finished.set()
+        finally:
+            writer.close()
+
+    tasks = []
+    for start in range(0, WAITING + 1, 40):  # under the listen backlog
+        tasks += [
+            asyncio.create_task(client(i)) for i in range(start, min(start + 40, WAITING + 1))
+        ]
+        await asyncio.sleep(0.02)
+    async with asyncio.timeout(PHASE_TIMEOUT_S * 3):
+        await finished.wait()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return done
+
+
+def _stamps(model_port: int) -> list[list[int]]:
+    with Conn(model_port, timeout=30) as c:
+        return json.loads(c.get("/stamps").body)
+
+
+def _gaps(rows: list[list[int]]) -> list[int]:
+    """Arrival of each job minus the end of the answer before it, in ns."""
+    rows = [r for r in rows if r[1]]
+    return [b[0] - a[1] for a, b in zip(rows, rows[1:], strict=False) if b[0] >= a[1]]
+
+
+DURATIONS = [
+    ("log", 'the dispatcher\'s log calls (`log.info("dispatch")`, `log.debug("finished")`)'),
+    ("fields", "`Dispatcher._fields`: the log line's fields, built even for a DEBUG line"),
+    ("notify", "observer callbacks (`on_finish`, `on_dispatch`, `on_enqueue`)"),
+    ("add", "new arrivals filed in the queue (its `add`) before the pick"),
+    ("gc", "cyclic garbage collection"),
+    ("snapshot", "the dashboard's live snapshot (every 0.1 s, watched or not)"),
+    ("record", "activity-log batch written (Django's worker thread; holds the GIL in parts)"),
+]
+
+
+def _intervals(events: list[tuple[str, int]]) -> dict[str, list[tuple[int, int]]]:
+    """``kind0``/``kind1`` stamp pairs as (start, end) per kind, in time order."""
+    kinds = {kind for kind, _ in DURATIONS}
+    open_at: dict[str, int] = {}
+    out: dict[str, list[tuple[int, int]]] = {kind: [] for kind in kinds}
+    for name, ns in events:
+        kind, edge = name[:-1], name[-1:]
+        if kind not in kinds:
+            continue
+        if edge == "0":
+            open_at[kind] = ns
+        elif kind in open_at:
+            out[kind].append((open_at.pop(kind), ns))
+    return out
+
+
+def _overlap(spans: list[tuple[int, int]], starts: list[int], lo: int, hi: int) -> int:
+    """Nanoseconds of ``spans`` (sorted by start) inside [lo, hi]."""
+    total = 0
+    i = max(0, bisect.bisect_left(starts, lo) - 1)
+    while i < len(spans) and spans[i][0] < hi:
+        a, b = spans[i]
+        total += max(0, min(b, hi) - max(a, lo))
+        i += 1
+    return total
+
+
+def _breakdown(rows: list[list[int]], events: list[tuple[str, int]]) -> dict[str, list[int]]:
+    """Per gap, the time from the previous stage to each stage (ns), matched on the clock:
+    the stages that follow the end of job n's answer, up to job n+1's arrival; and per
+    gap the time spent in each of DURATIONS inside it (``dur:KIND``)."""
+    rows = [r for r in rows if r[1]]
+    spans = _intervals(events)
+    starts = {kind: [a for a, _ in v] for kind, v in spans.items()}
+    events = [e for e in events if e[0][-1:] not in "01"]
+    per: dict[str, list[int]] = {kind: [] for kind, _ in STAGES}
+    per["arrive"] = []
+    per["total"] = []
+    for kind, _ in DURATIONS:
+        per[f"dur:{kind}"] = []
+    i = 0
+    for a, b in zip(rows, rows[1:], strict=False):
+        end, arrive = a[1], b[0]
+        while i < len(events) and events[i][1] < end:
+            i += 1
+        found: dict[str, int] = {}
+        j = i
+        order = [kind for kind, _ in STAGES]
+        k = 0
+        while j < len(events) and events[j][1] <= arrive and k < len(order):
+            kind, ns = events[j]
+            if kind == order[k]:
+                found[kind] = ns
+                k += 1
+            j += 1
+        if len(found) != len(order):
+            continue
+        prev = end
+        for kind in order:
+            per[kind].append(found[kind] - prev)
+            prev = found[kind]
+        per["arrive"].append(arrive - prev)
+        per["total"].append(arrive - end)
+        for kind, _ in DURATIONS:  # inside the proxy's part: up to the write
+            per[f"dur:{kind}"].append(_overlap(spans[kind], starts[kind], end, found["write"]))
+    return per
+
+
+def _run(
+    tmp: Path, pin: bool, staged: bool, n: int, service_s: float
+) -> tuple[list[int], dict | None, dict]:
+    out = tmp / f"stages-{n}.jsonl" if staged else None
+    server = Server(
+        tmp,
+        f"gap{n}{'s' if staged else ''}",
+        "serial",
+        pin,
+        model_module="bench.stampmodel",
+        stages_out=out,
+    )
+    try:
+        server.wait_ready()
+        with Conn(server.port, timeout=PHASE_TIMEOUT_S) as c:  # loads the model
+            for _ in range(20):
+                if (r := c.send(_post(server.port, "0"))).status != 200:
+                    raise RuntimeError(f"warm-up: HTTP {r.status} {r.body[:300]!r}")
+        _stamps(server.model_port)
+        load = asyncio.run(_load(server.port, WARMUP_JOBS + JOBS, service_s))
+        rows = _stamps(server.model_port)[WARMUP_JOBS:]
+    finally:
+        server.stop()
+    breakdown = None
+    if out is not None:
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        events = [tuple(x) for x in lines if len(x) == 2]
+        breakdown = _breakdown(rows, events)  # type: ignore[arg-type]
+        for name, count, total in (x for x in lines if len(x) == 3):
+            breakdown[f"gcstats:{name[-1]}"] = [count, total]
+    return _gaps(rows), breakdown, load
+
+
+def ms(samples: list[int], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[max(0, min(len(ordered) - 1, round(q * len(ordered)) - 1))] / 1e6
+
+
+def main() -> str:
+    print(f"== gap: idle time at the model between serial jobs, {WAITING:,} waiting ==")
+    started = time.perf_counter()
+    pin = pinning()
+    old_affinity = os.sched_getaffinity(0) if pin else None
+    raise_nofile()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gap-"))
+    results: dict[float, Result] = {s: Result() for s in SERVICE_S}
+    try:
+        if pin:
+            os.sched_setaffinity(0, {CLIENT_CPU})
+        env = dict(os.environ, DATABASE_URL=f"sqlite:///{tmp / 'db.sqlite3'}")
+        subprocess.run(
+            [PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=120
+        )
+        n = 0
+        for r in range(ROUNDS):
+            for service in SERVICE_S:
+                res = results[service]
+                for staged in (False, True) if r % 2 == 0 else (True, False):
+                    n += 1
+                    what = "staged" if staged else "product"
+                    print(f"  round {r + 1}, {service * 1000:g} ms jobs: {what} ...", flush=True)
+                    g, b, load = _run(tmp, pin, staged, n, service)
+                    res.errors += load["errors"]
+                    if staged:
+                        res.staged += g
+                        for kind, values in (b or {}).items():
+                            res.per.setdefault(kind, []).extend(values)
+                    else:
+                        res.gaps += g
+                    print(f"    gap p50 {ms(g, 0.5):.2f} ms, p99 {ms(g, 0.99):.2f} ms ({len(g)})")
+    finally:
+        if old_affinity is not None:
+            os.sched_setaffinity(0, old_affinity)
+        with contextlib.suppress(OSError):
+            shutil.rmtree(tmp)
+    return report(results, time.perf_counter() - started, pin)
+
+
+@dataclass
+class Result:
+    gaps: list[int] = field(default_factory=list)
+    staged: list[int] = field(default_factory=list)
+    per: dict[str, list[int]] = field(default_factory=dict)
+    errors: int = 0
+
+
+def _job(service: float) -> str:
+    return f"{service * 1000:g} ms jobs" if service else "jobs answered at once"
+
+
+def report(results: dict[float, Result], elapsed: float, pin: bool) -> str:
+    rows = []
+    verdicts = []
+    for service, res in results.items():
+        gaps, staged = res.gaps, res.staged
+        p50, p99 = ms(gaps, 0.5), ms(gaps, 0.99)
+        rows.append(
+            [
+                f"{_job(service)}: product",
+                f"{p50:.3f}",
+                f"{p99:.3f}",
+                f"{ms(gaps, 0.999):.3f}",
+                f"{len(gaps):,}",
+            ]
+        )
+        rows.append(
+            [
+                f"{_job(service)}: the same code with stage stamps",
+                f"{ms(staged, 0.5):.3f}",
+                f"{ms(staged, 0.99):.3f}",
+                f"{ms(staged, 0.999):.3f}",
+                f"{len(staged):,}",
+            ]
+        )
+        ok50, ok99 = p50 <= TARGET_P50_MS, p99 <= TARGET_P99_MS
+        verdicts.append(
+            f"{_job(service)}: p50 {p50:.2f} ms {'met' if ok50 else '**missed**'}, "
+            f"p99 {p99:.2f} ms {'met' if ok99 else '**missed**'}"
+        )
+    labels = dict(STAGES)
+    labels["arrive"] = "job n+1 arrives at the model"
+    stage_rows = []
+    prev = "end of job n's answer (model)"
+    for kind in labels:
+        cells = [f"→ {labels[kind]}"]
+        for res in results.values():
+            values = res.per.get(kind) or [0]
+            total = statistics.fmean(res.per.get("total") or [1])
+            mean = statistics.fmean(values)
+            cells += [
+                f"{ms(values, 0.5) * 1000:.0f}",
+                f"{ms(values, 0.99) * 1000:.0f}",
+                f"{mean / total * 100:.0f}%",
+            ]
+        stage_rows.append(cells)
+        prev = labels[kind]
+    del prev
+    stage_header = ["from the stage above (first: end of job n's answer at the model)"]
+    for service in results:
+        stage_header += [f"{_job(service)}: p50 µs", "p99 µs", "share of mean"]
+    dur_header = ["inside the gaps (staged server)"]
+    for service in results:
+        dur_header += [
+            f"{_job(service)}: mean µs per gap",
+            "share of mean gap",
+            "slowest 1% of gaps: share",
+            "touched",
+        ]
+    dur_rows = []
+    for kind, label in DURATIONS:
+        cells = [label]
+        for res in results.values():
+            values = res.per.get(f"dur:{kind}") or []
+            totals = res.per.get("total") or []
+            if not values or not totals:
+                cells += ["", "", "", ""]
+                continue
+            cut = sorted(totals)[int(len(totals) * 0.99)]
+            slow = [i for i, t in enumerate(totals) if t >= cut]
+            slow_total = sum(totals[i] for i in slow) or 1
+            cells += [
+                f"{statistics.fmean(values) / 1000:.1f}",
+                f"{sum(values) / (sum(totals) or 1) * 100:.1f}%",
+                f"{sum(values[i] for i in slow) / slow_total * 100:.0f}%",
+                f"{sum(1 for i in slow if values[i]) / max(len(slow), 1) * 100:.0f}%",
+            ]
+        dur_rows.append(cells)
+    gc_notes = []
+    for service, res in results.items():
+        parts = []
+        for generation in (0, 1, 2):
+            values = res.per.get(f"gcstats:{generation}") or []
+            count, total = sum(values[0::2]), sum(values[1::2])
+            if count:
+                parts.append(
+                    f"generation {generation}: {count:,} collections, "
+                    f"{total / count / 1000:,.0f} µs each"
+                )
+        if parts:
+            gc_notes.append(f"{_job(service)}: " + "; ".join(parts))
+    errors = sum(r.errors for r in results.values())
+    placement = "proxy on core 0, model and clients on core 1" if pin else "no CPU pinning"
+    lines = [
+        "`.venv/bin/python -m bench gap` (`make bench` runs all benches). "
+        f"Machine: {machine()}. One run, {elapsed:.0f} s; {placement}.",
+        "",
+        markdown_table(["gap at the model, ms", "p50", "p99", "p99.9", "gaps"], rows),
+        "",
+        f"Serial scheduler, product defaults, {WAITING:,} requests waiting throughout "
+        f"({WAITING + 1:,} keep-alive connections, each sending its next request when its answer "
+        f"arrives; priorities 100/0/-100), {JOBS:,} jobs per round after {WARMUP_JOBS} warm-up, "
+        f"{ROUNDS} rounds per server and job length, servers alternating, {errors} errors. The "
+        "model is `bench/stampmodel.py` (raw asyncio): it answers after the job's length; gap = "
+        "arrival of job n+1 at the model minus the moment the last byte of job n's answer left "
+        "it (CLOCK_MONOTONIC in both processes). With jobs answered at once the proxy has no "
+        "idle time to do the rest of its work in (the client's answer, the next arrival), so "
+        "that gap is its whole CPU time per job; with real jobs that work overlaps the next job.",
+        "",
+        "Where the gap goes (the same server started through `bench/stages.py`, which notes "
+        "the clock at each stage; gaps with every stage seen):",
+        "",
+        markdown_table(stage_header, stage_rows),
+        "",
+        "Time spent inside the gaps, across stages, from the end of job n's answer to the "
+        'write of job n+1 (the same staged runs; "touched": the share of the slowest 1% of '
+        "gaps that overlap it at all):",
+        "",
+        markdown_table(dur_header, dur_rows),
+        "",
+        "Garbage collections in the staged server over its whole run: "
+        + (". ".join(gc_notes) or "none")
+        + ".",
+        "",
+        f"Target (p50 ≤ {TARGET_P50_MS:g} ms, p99 ≤ {TARGET_P99_MS:g} ms): "
+        + "; ".join(verdicts)
+        + ".",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(main())
