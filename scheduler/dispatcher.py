@@ -51,6 +51,11 @@ SUSPECT_WAIT = 0.5
 """Seconds a model that broke off an answer gets to show it died, before the next request
 is sent to it (see :meth:`Dispatcher.suspect`)."""
 
+ANNOUNCE_AFTER = 4
+"""Loop turns a dispatch's log line and observer calls wait: the grant resolves the
+ticket's future, whose callback wakes ``Ticket.wait``'s shield, which wakes the view,
+which writes the request to the model (see :meth:`Dispatcher._announce`)."""
+
 
 class Refused(Exception):
     """A request the dispatcher will not serve. ``status`` and ``code`` say how to answer it;
@@ -407,6 +412,8 @@ class Dispatcher:
         """Models a reload removed, by id, until what they had waiting has been served."""
         self._retiring = False
         """A reload left removed or changed models to stop once idle (see :meth:`_retire`)."""
+        self._announcements: list[tuple[str, Ticket]] = []
+        """Dispatched tickets not yet logged or shown to the observers (:meth:`_announce`)."""
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -763,6 +770,10 @@ class Dispatcher:
                 log.exception("dispatch failed")
 
     def _handle(self, event: object) -> None:
+        if self._announcements and not isinstance(event, _Arrived):
+            # An arrival is about another ticket: it may go first (arrivals stream in
+            # during a job change under load).
+            self._flush_announcements()
         try:
             if isinstance(event, _Arrived):
                 self._on_arrived(event.ticket)
@@ -993,8 +1004,10 @@ class Dispatcher:
         if was is TicketState.LOADING and not ticket.granted.done():
             ticket.granted.cancel()
         if not ticket.extra.get("preload"):
-            log.debug("finished", extra={**self._fields(ticket), "outcome": ticket.outcome.value if ticket.outcome else None})
-            self._notify("on_finish", ticket)
+            if log.isEnabledFor(logging.DEBUG):
+                outcome = ticket.outcome.value if ticket.outcome else None
+                log.debug("finished", extra={**self._fields(ticket), "outcome": outcome})
+            self._announce("on_finish", ticket)
         self._schedule_ttl()
 
     def _on_reload(self, event: _Reload) -> None:
@@ -1151,8 +1164,30 @@ class Dispatcher:
             if lane.swapping != model:
                 self._begin_swap(lane, ticket.model)
         if not ticket.extra.get("preload"):
-            log.info("dispatch", extra=self._fields(ticket))
-            self._notify("on_dispatch", ticket)
+            self._announce("on_dispatch", ticket)
+
+    def _announce(self, method: str, ticket: Ticket) -> None:
+        """Tell the observers (and log a dispatch) once the next granted view has had its
+        turn: together ~0.15 ms that would otherwise sit between one job's end and the
+        next one's first byte to the model (BENCHMARKS.md, "Dispatch gap"). Nothing is
+        reordered: pending announcements go out, in order, before the next event is
+        handled."""
+        self._announcements.append((method, ticket))
+        if len(self._announcements) == 1:
+            asyncio.get_running_loop().call_soon(self._announce_later, ANNOUNCE_AFTER)
+
+    def _announce_later(self, turns: int) -> None:
+        if turns > 1 and self._announcements:
+            asyncio.get_running_loop().call_soon(self._announce_later, turns - 1)
+        else:
+            self._flush_announcements()
+
+    def _flush_announcements(self) -> None:
+        pending, self._announcements = self._announcements, []
+        for method, ticket in pending:
+            if method == "on_dispatch":
+                log.info("dispatch", extra=self._fields(ticket))
+            self._notify(method, ticket)
 
     def _grant(self, ticket: Ticket) -> None:
         lane = self._lanes[ticket.lane]
