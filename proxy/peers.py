@@ -28,10 +28,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse
 
 from proxy.errors import REQUEST_ID_HEADER, error_response
-from proxy.relay import PRIORITY_META, STREAM_TAIL, WRITE_TIMEOUT, _note_stream_usage, _note_usage
+from proxy.relay import (
+    PRIORITY_META,
+    STREAM_TAIL,
+    WRITE_TIMEOUT,
+    _note_stream_usage,
+    _note_usage,
+    event_stream,
+)
 from proxy.upstream import forward_headers, response_headers
 from scheduler import runtime
 from scheduler.config import ModelConfig
@@ -220,13 +227,7 @@ async def forward(
     status = upstream.status_code
     content_type = upstream.headers.get("content-type", "")
     if content_type.startswith("text/event-stream"):
-        response: HttpResponse = StreamingHttpResponse(_stream(turn, upstream), status=status)
-        for name, value in response_headers(upstream.headers):
-            response[name] = value
-        response["X-Accel-Buffering"] = "no"
-        response["Cache-Control"] = "no-cache"
-        response[REQUEST_ID_HEADER] = request_id
-        return response
+        return event_stream(_stream(turn, upstream), upstream, request_id)
     try:
         content = b"".join([chunk async for chunk in upstream.aiter_raw()])
     except httpx.HTTPError as exc:

@@ -145,15 +145,7 @@ async def _answer(
     status = upstream.status_code
     content_type = upstream.headers.get("content-type", "")
     if content_type.startswith("text/event-stream"):
-        stream = _stream(turn, upstream)
-        response: HttpResponse = StreamingHttpResponse(stream, status=status)
-        response.relay_stream = stream  # type: ignore[attr-defined]  # sent lean by ProxyHandler
-        for name, value in response_headers(upstream.headers):
-            response[name] = value
-        response["X-Accel-Buffering"] = "no"
-        response["Cache-Control"] = "no-cache"
-        response[REQUEST_ID_HEADER] = request_id
-        return response
+        return event_stream(_stream(turn, upstream), upstream, request_id, lean=True)
 
     try:
         content = b"".join([chunk async for chunk in upstream.aiter_raw()])
@@ -175,6 +167,22 @@ async def _answer(
     response = HttpResponse(content, status=status)
     for name, value in response_headers(upstream.headers):
         response[name] = value
+    response[REQUEST_ID_HEADER] = request_id
+    return response
+
+
+def event_stream(
+    stream: AsyncIterator[bytes], upstream: httpx.Response, request_id: str, lean: bool = False
+) -> StreamingHttpResponse:
+    """A model's event stream relayed on, with its headers and no buffering on the way.
+    ``lean``: ``ProxyHandler`` sends it without Django's response generators."""
+    response = StreamingHttpResponse(stream, status=upstream.status_code)
+    if lean:
+        response.relay_stream = stream  # type: ignore[attr-defined]
+    for name, value in response_headers(upstream.headers):
+        response[name] = value
+    response["X-Accel-Buffering"] = "no"
+    response["Cache-Control"] = "no-cache"
     response[REQUEST_ID_HEADER] = request_id
     return response
 
