@@ -138,7 +138,18 @@ def _submit(fn: Callable[[], WhatIf]) -> Future[WhatIf]:
     global _executor
     if _executor is None:
         _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="whatif")
-    return _executor.submit(fn)
+    return _executor.submit(_in_worker, fn)
+
+
+def _in_worker(fn: Callable[[], WhatIf]) -> WhatIf:
+    """The worker thread's database connection is its own: closed after each job (as a
+    request's is), never the caller's."""
+    from django.db import close_old_connections
+
+    try:
+        return fn()
+    finally:
+        close_old_connections()
 
 
 def _done(key: tuple[Any, ...], future: Future[WhatIf]) -> None:
@@ -167,15 +178,7 @@ def lookup_or_start(key: tuple[Any, ...], fn: Callable[[], WhatIf]) -> WhatIf | 
         if key in _running:
             return None
 
-    def job() -> WhatIf:
-        from django.db import close_old_connections
-
-        try:
-            return fn()
-        finally:
-            close_old_connections()
-
-    future = _submit(job)
+    future = _submit(fn)
     with _lock:
         if not future.done():
             _running[key] = future
