@@ -83,3 +83,21 @@ def test_the_command_takes_lanes_and_slots(tmp_path):
     ]:
         with pytest.raises(CommandError, match=message):
             call_command("simulate", str(trace), *args, stdout=StringIO())
+
+
+def test_every_swap_is_classified_forced_by_band_or_the_policys_choice():
+    trace = [req("a1", 0, "a"), req("b1", 1, "b", 100), req("a2", 1, "a"), req("c1", 2, "c")]
+    result = simulate(trace, SETTINGS, {"a": 1, "b": 1, "c": 1})
+    # a1 (nothing loaded: forced), b1 (interactive over a's normal a2: by band), a2 (nothing
+    # waits for b: forced), c1 (nothing waits for a: forced).
+    assert [d.request_id for d in result.dispatches] == ["a1", "b1", "a2", "c1"]
+    assert (result.swaps, result.forced_swaps, result.band_swaps) == (4, 3, 1)
+    # A same-band pick of another model while the loaded one has work waiting is the
+    # policy's choice: affinity 0 takes b1 (it came first) over a2; the default bonus does not.
+    trace = [req("a1", 0, "a"), req("b1", 0.5, "b"), req("a2", 1, "a")]
+    plain = simulate(trace, SchedulerSettings.create(swap_affinity_bonus=0), {"a": 1, "b": 1})
+    assert [d.request_id for d in plain.dispatches] == ["a1", "b1", "a2"]
+    assert plain.swaps - plain.forced_swaps - plain.band_swaps == 1
+    default = simulate(trace, SETTINGS, {"a": 1, "b": 1})
+    assert [d.request_id for d in default.dispatches] == ["a1", "a2", "b1"]
+    assert default.swaps - default.forced_swaps - default.band_swaps == 0

@@ -181,6 +181,14 @@ class WaitingQueue:
         lst = self._all.plain.by_model.get(model)
         return len(lst) if lst else 0
 
+    def most_urgent_for(self, model: str) -> QueuedRequest | None:
+        """The waiting request of ``model`` with the highest (effective) priority. O(1)."""
+        lst = self._all.plain.by_model.get(model)
+        if not lst:
+            return None
+        entry: _Entry = lst[0][2]
+        return entry.request
+
     def oldest(self, band: Band) -> QueuedRequest | None:
         """The longest-waiting request of a band, or None. O(1)."""
         return next(iter(self._by_band[band].values()), None)

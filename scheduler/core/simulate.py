@@ -51,6 +51,8 @@ from scheduler.core.priority import BANDS, Band, parse_priority
 from scheduler.core.queue import WaitingQueue
 
 DEFAULT_LOAD_SECONDS = 20.0
+BAND_RANK = {band: rank for rank, band in enumerate(BANDS)}
+"""0 for the most urgent band."""
 
 # The generator's models and their cold-load times: a small chat model, a larger one
 # and an image model (``--load-seconds`` flags are printed for them).
@@ -285,6 +287,10 @@ class SimResult:
     """Dispatches each term changed, every term present (aging and swap_affinity too)."""
     forced_swaps: int = 0
     """Swaps with nothing waiting for the loaded model: only an idle GPU avoids them."""
+    band_swaps: int = 0
+    """Swaps to serve a more urgent band than any waiting request of the loaded model:
+    the contract orders bands first (affinity never crosses one), so the pick could not
+    stay. The swaps left (``swaps - forced_swaps - band_swaps``) are the policy's choice."""
     estimate_errors: Mapping[Band, EstimateError] | None = None
     """With ``estimate=True``: how far the estimated waits were from the waits that
     followed, per band (every waiting request, estimated at every pick)."""
@@ -306,6 +312,7 @@ class SimResult:
             "busy_share": self.busy_share,
             "makespan_seconds": self.makespan,
             "forced_swaps": self.forced_swaps,
+            "band_swaps": self.band_swaps,
             "reordered": {term.value: self.reordered.get(term, 0) for term in Term},
             "bands": {
                 band.value: {
@@ -366,7 +373,7 @@ def simulate(
     free_at = -math.inf
     loaded: str | None = None
     busy = 0.0
-    swaps = forced = 0
+    swaps = forced = band_swaps = 0
     reorders = dict.fromkeys(Term, 0)
     dispatches: list[Dispatch] = []
     by_id: dict[str, TraceRequest] = {}
@@ -390,7 +397,7 @@ def simulate(
             estimates += [
                 (x.request.request_id, now, g) for x, g in zip(ranked, guesses, strict=True)
             ]
-        nothing_for_loaded = loaded is None or not queue.waiting_for(loaded)
+        mine = queue.most_urgent_for(loaded) if loaded is not None else None
         decision = pick(now)
         assert decision is not None
         job = by_id.pop(decision.request_id)
@@ -403,7 +410,10 @@ def simulate(
             loaded = decision.model
             queue.set_loaded_model(loaded)
             swaps += 1
-            forced += nothing_for_loaded
+            if mine is None:
+                forced += 1
+            elif BAND_RANK[decision.band] < BAND_RANK[mine.band]:
+                band_swaps += 1
         means.add_service(job.model, job.service, decision.band)
         reordered = decision.reordered_by
         for term in reordered:
@@ -423,7 +433,7 @@ def simulate(
             began, band = start[request_id]
             pairs[band].append((guess, began - at))
         errors = {band: estimate_error(p) for band, p in pairs.items()}
-    return summarize(
+    result = summarize(
         trace,
         dispatches,
         settings,
@@ -433,6 +443,7 @@ def simulate(
         forced_swaps=forced,
         estimate_errors=errors,
     )
+    return dataclasses.replace(result, band_swaps=band_swaps)
 
 
 def simulate_lanes(
@@ -946,5 +957,16 @@ def format_targets(checks: Sequence[TargetCheck]) -> str:
             f"{check.fifo.forced_swaps} | {check.defaults.forced_swaps} | "
             f"{check.candidate.forced_swaps} | "
             f"{_ratio(check.candidate.forced_swaps, check.fifo.swaps):.2f}x | | |"
+        )
+        out.append(
+            f"| {check.shape} | swaps decided by band (a more urgent band for another model) | "
+            f"{check.fifo.band_swaps} | {check.defaults.band_swaps} | "
+            f"{check.candidate.band_swaps} | "
+            f"{_ratio(check.candidate.band_swaps, check.fifo.swaps):.2f}x | | |"
+        )
+        free = [r.swaps - r.forced_swaps - r.band_swaps for r in (check.fifo, check.defaults, check.candidate)]
+        out.append(
+            f"| {check.shape} | swaps left to the policy's choice | {free[0]} | {free[1]} | "
+            f"{free[2]} | {_ratio(free[2], check.fifo.swaps):.2f}x | | |"
         )
     return "\n".join(out)
