@@ -29,6 +29,7 @@ from typing import Any
 
 from django.http import HttpResponse, StreamingHttpResponse
 
+from proxy.errors import REQUEST_ID_HEADER
 from scheduler import runtime
 from scheduler.config import ModelConfig
 from scheduler.dispatcher import Ticket, TicketState
@@ -160,6 +161,7 @@ async def maybe(
     response["Content-Type"] = "text/event-stream"
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
+    response[REQUEST_ID_HEADER] = request_id
     return response
 
 
