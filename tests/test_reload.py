@@ -124,3 +124,26 @@ async def test_a_model_moved_to_another_lane_moves_once_idle(world):
     await granted(tb)  # a on gpu1 and b on the default lane, at once
     assert ta.lane == "gpu1" and tb.lane == "default"
     assert d.model_states() == {"a": ModelState.READY, "b": ModelState.READY}
+
+
+async def test_a_reload_during_a_load_moves_or_removes_the_loading_model_cleanly(dispatchers):
+    factory = FakeProcessFactory()
+    factory.configure("a", hold_start=True)
+    d = await dispatchers(config({"a": port(9000), "b": port(9001)}), process_factory=factory)
+    loading = submit(d, "a", 0, "loading")
+    waiting = submit(d, "b", 0, "waiting")
+    await until(lambda: "a" in factory.processes)
+    # a moves to gpu1 while it loads on the default lane; b is removed while it waits.
+    report = await d.reload(config({"a": port(9000)}, lanes={"gpu1": ["a"]}))
+    assert report.removed == ("b",) and report.changed == ("a",)
+    factory.configure("a", hold_start=False)
+    await granted(loading)  # the load it waited for completes and serves it
+    d.finish(loading, Outcome.COMPLETED, 200)
+    await granted(waiting)  # the removed model still serves what it had waiting
+    d.finish(waiting, Outcome.COMPLETED, 200)
+    await until(lambda: not d.model_states())  # both stopped once idle: nothing left
+    again = submit(d, "a", 0, "again")
+    await granted(again)  # a starts afresh on its new lane
+    assert again.lane == "gpu1" and d.model_states() == {"a": ModelState.READY}
+    assert factory.journal.count(("start", "a")) == 2
+    d.finish(again, Outcome.COMPLETED, 200)

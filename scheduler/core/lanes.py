@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 
 from scheduler.core.policy import Decision, QueuedRequest, Ranked, SchedulerSettings
 from scheduler.core.priority import BANDS, Band
@@ -98,7 +98,7 @@ class LaneQueues:
     def peek(self, now: float, limit: int | None = None) -> list[Ranked]:
         """Waiting requests of every lane, each lane in its dispatch order, merged by
         score (lanes dispatch independently, so this is an order of urgency, not of
-        dispatch; :meth:`positions` gives each request's place in its own lane)."""
+        dispatch; :meth:`Dispatcher.waiting` gives each request's place in its own lane)."""
         if len(self._queues) == 1:
             return self._queues[DEFAULT_LANE].peek(now, limit)
         merged = heapq.merge(
@@ -106,12 +106,6 @@ class LaneQueues:
             key=lambda r: -r.score,
         )
         return list(itertools.islice(merged, limit))
-
-    def positions(self, now: float, limit: int | None = None) -> Iterator[tuple[str, int, Ranked]]:
-        """(lane, 1-based position in that lane, ranked) for the first ``limit`` of each lane."""
-        for name, queue in self._queues.items():
-            for position, ranked in enumerate(queue.peek(now, limit), start=1):
-                yield name, position, ranked
 
     # -- changes -------------------------------------------------------------------------
 
