@@ -18,7 +18,6 @@ Timeouts per model (``timeouts`` in the config; 0 disables one):
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 from collections import deque
@@ -29,6 +28,7 @@ import httpx
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
 from proxy import progress as progress_mod
+from proxy.collector import collector
 from proxy.errors import REQUEST_ID_HEADER, error_response
 from proxy.turn import Turn
 from proxy.upstream import Upstreams, forward_headers, response_headers
@@ -206,37 +206,6 @@ async def hand_over() -> None:
         await asyncio.sleep(0)
 
 
-GC_YOUNG_AT = 350
-"""Young objects pending (half the interpreter's default threshold of 700) from which a
-collection is run while a model works rather than wherever the threshold happens to
-be crossed."""
-
-
-class _Nudge:
-    """An object whose allocation lets the interpreter collect (see below)."""
-
-
-def collect_while_the_model_works() -> None:
-    """Run the cyclic garbage collector now, just after a request went to its model.
-
-    With 1,000 requests waiting, the collector ran every few jobs wherever its threshold
-    was crossed: a young collection took 0.2-0.3 ms, every tenth one (the middle
-    generation) about 3 ms, and more often than not inside the model's idle time between
-    two jobs (BENCHMARKS.md, "Dispatch gap at the model"). Run here, it overlaps the model's
-    work instead, and the threshold is rarely reached elsewhere. The collection is the
-    interpreter's own, started by lowering the threshold for one allocation: it picks the
-    generation as it always would (the oldest one only by its usual rule), so nothing
-    is collected more often than before."""
-    if not gc.isenabled() or gc.get_count()[0] < GC_YOUNG_AT:
-        return
-    threshold = gc.get_threshold()
-    gc.set_threshold(1, threshold[1], threshold[2])
-    try:
-        _Nudge()
-    finally:
-        gc.set_threshold(*threshold)
-
-
 def _start_failed(model: ModelConfig, exc: ModelStartError, request_id: str) -> HttpResponse:
     return error_response(
         503,
@@ -293,7 +262,7 @@ async def _await_headers(upstreams: Upstreams, request: httpx.Request, turn: Tur
         else None
     )
     # Runs once this task waits: once the request is on its way to the model.
-    asyncio.get_running_loop().call_soon(collect_while_the_model_works)
+    asyncio.get_running_loop().call_soon(collector.model_started)
     try:
         if limit:
             try:

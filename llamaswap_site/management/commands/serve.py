@@ -122,6 +122,7 @@ class Command(BaseCommand):
 
         from llamaswap_site.logfmt import apply_log_config
         from llamaswap_site.reload import Reloader
+        from proxy.collector import collector
         from proxy.upstream import Upstreams
         from scheduler import runtime
         from scheduler.config import ConfigError
@@ -254,6 +255,9 @@ class Command(BaseCommand):
             if options["watch_config"]:
                 spawn(reloader.watch())
             loop.create_task(dispatcher.start())
+            # Full garbage collections while a model works, or on a timer (proxy/collector.py).
+            collector.install()
+            spawn(collector.pace())
             for obs in observers:
                 starter = getattr(obs, "start", None)
                 if starter is not None:
