@@ -39,12 +39,16 @@ from bench.bench_proxy import (
     PHASE_TIMEOUT_S,
     PY,
     ROOT,
+    SERVER_CPU,
     Conn,
+    Floor,
     Server,
     _read_response,
+    cpu_seconds,
     pinning,
     raise_nofile,
 )
+from scheduler.testing import free_port
 
 WAITING = 1_000
 WARMUP_JOBS = 500
@@ -79,11 +83,19 @@ def _post(port: int, priority: str, service_s: float = 0.0) -> bytes:
     ).encode() + body
 
 
-async def _load(port: int, jobs: int, service_s: float) -> dict:
+async def _load(
+    port: int, jobs: int, service_s: float, pid: int | None = None, connections: int = WAITING + 1
+) -> dict:
     """WAITING + 1 connections, each sending its next request as its answer arrives,
-    until ``jobs`` answers came back."""
+    until ``jobs`` answers came back. With ``pid``: that process's CPU time per answer
+    after the warm-up (``cpu_ms``), and answers per second (``rps``)."""
     done = {"ok": 0, "errors": 0}
     finished = asyncio.Event()
+    marks: list[tuple[float, float, int]] = []
+
+    def mark() -> None:
+        if pid is not None:
+            marks.append((time.perf_counter(), cpu_seconds(pid), done["ok"] + done["errors"]))
 
     async def client(i: int) -> None:
         raw = _post(port, PRIORITIES[i % 3], service_s)
@@ -96,15 +108,18 @@ async def _load(port: int, jobs: int, service_s: float) -> dict:
                 writer.write(raw)
                 status = await _read_response(reader)
                 done["ok" if status == 200 else "errors"] += 1
-                if done["ok"] + done["errors"] >= jobs:
+                if done["ok"] + done["errors"] == min(WARMUP_JOBS, jobs // 4):
+                    mark()
+                if done["ok"] + done["errors"] >= jobs and not finished.is_set():
+                    mark()
                     finished.set()
         finally:
             writer.close()
 
     tasks = []
-    for start in range(0, WAITING + 1, 40):  # under the listen backlog
+    for start in range(0, connections, 40):  # under the listen backlog
         tasks += [
-            asyncio.create_task(client(i)) for i in range(start, min(start + 40, WAITING + 1))
+            asyncio.create_task(client(i)) for i in range(start, min(start + 40, connections))
         ]
         await asyncio.sleep(0.02)
     async with asyncio.timeout(PHASE_TIMEOUT_S * 3):
@@ -112,6 +127,10 @@ async def _load(port: int, jobs: int, service_s: float) -> dict:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    if len(marks) == 2:
+        (t0, c0, n0), (t1, c1, n1) = marks
+        done["cpu_ms"] = (c1 - c0) * 1000 / (n1 - n0)
+        done["rps"] = (n1 - n0) / (t1 - t0)
     return done
 
 
@@ -224,7 +243,7 @@ def _run(
                 if (r := c.send(_post(server.port, "0"))).status != 200:
                     raise RuntimeError(f"warm-up: HTTP {r.status} {r.body[:300]!r}")
         _stamps(server.model_port)
-        load = asyncio.run(_load(server.port, WARMUP_JOBS + JOBS, service_s))
+        load = asyncio.run(_load(server.port, WARMUP_JOBS + JOBS, service_s, server.pid))
         rows = _stamps(server.model_port)[WARMUP_JOBS:]
     finally:
         server.stop()
@@ -236,6 +255,103 @@ def _run(
         for name, count, total in (x for x in lines if len(x) == 3):
             breakdown[f"gcstats:{name[-1]}"] = [count, total]
     return _gaps(rows), breakdown, load
+
+
+class _Proc:
+    """A reference server as a subprocess, pinned to ``cpu``, ready once ``GET path`` is 200."""
+
+    def __init__(self, cmd: list[str], port: int, cpu: int | None, log: Path) -> None:
+        self.port = port
+        self.log_path = log
+        if cpu is not None:
+            cmd = ["taskset", "-c", str(cpu), *cmd]
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=raise_nofile,  # noqa: PLW1509 - only sets a limit
+        )
+        self.pid = self.proc.pid
+
+    def wait_ready(self, path: str = "/health", timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.log_path.name} exited:\n{self.log_path.read_text()[-3000:]}"
+                )
+            try:
+                with Conn(self.port, timeout=1) as c:
+                    if c.get(path).status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"not ready:\n{self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, 15)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, 9)
+            self.proc.wait(timeout=5)
+        self._log.close()
+
+
+REFERENCES = [
+    ("bare", "daphne alone: an ASGI app with no framework answering at once (`bench/bare.py`)"),
+    (
+        "floor",
+        "the minimal relay (`bench/floor.py`: Django view + httpx) in front of the same model",
+    ),
+]
+
+
+REF_CONNECTIONS = 16
+"""The references' clients: their best case. At 1,001 connections the minimal relay's httpx
+pool queues the requests and its CPU time per request grows 20-fold."""
+
+
+def _reference(tmp: Path, pin: bool, kind: str, connections: int = REF_CONNECTIONS) -> dict:
+    """CPU time per request of a reference server under the gap's client (keep-alive
+    connections, each sending its next request when its answer came; answered at once)."""
+    server_cpu = SERVER_CPU if pin else None
+    procs: list[_Proc | Floor] = []
+    try:
+        if kind == "bare":
+            port = free_port()
+            ref: _Proc | Floor = _Proc(
+                [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "bench.bare:app"],
+                port,
+                server_cpu,
+                tmp / "bare.log",
+            )
+            procs.append(ref)
+            ref.wait_ready("/")
+        else:
+            model_port = free_port()
+            model = _Proc(
+                [PY, "-m", "bench.stampmodel", "--host", "127.0.0.1", "--port", str(model_port)],
+                model_port,
+                CLIENT_CPU if pin else None,
+                tmp / "stampmodel.log",
+            )
+            procs.append(model)
+            model.wait_ready()
+            ref = Floor(tmp, model_port, pin)
+            procs.append(ref)
+            ref.wait_ready()
+        return asyncio.run(_load(ref.port, WARMUP_JOBS + JOBS, 0.0, ref.pid, connections))
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
 
 
 def ms(samples: list[int], q: float) -> float:
@@ -251,6 +367,8 @@ def main() -> str:
     raise_nofile()
     tmp = Path(tempfile.mkdtemp(prefix="bench-gap-"))
     results: dict[float, Result] = {s: Result() for s in SERVICE_S}
+    refs: dict[str, list[tuple[float, float]]] = {}
+    errors = 0
     try:
         if pin:
             os.sched_setaffinity(0, {CLIENT_CPU})
@@ -275,12 +393,20 @@ def main() -> str:
                     else:
                         res.gaps += g
                     print(f"    gap p50 {ms(g, 0.5):.2f} ms, p99 {ms(g, 0.99):.2f} ms ({len(g)})")
+                    if not staged and "cpu_ms" in load:
+                        res.cpu.append((load["cpu_ms"], load["rps"]))
+            for kind, _ in REFERENCES:
+                print(f"  round {r + 1}, reference: {kind} ...", flush=True)
+                load = _reference(tmp, pin, kind)
+                refs.setdefault(kind, []).append((load["cpu_ms"], load["rps"]))
+                errors += load["errors"]
+                print(f"    {load['cpu_ms']:.3f} ms CPU per request, {load['rps']:.0f}/s")
     finally:
         if old_affinity is not None:
             os.sched_setaffinity(0, old_affinity)
         with contextlib.suppress(OSError):
             shutil.rmtree(tmp)
-    return report(results, time.perf_counter() - started, pin)
+    return report(results, refs, errors, time.perf_counter() - started, pin)
 
 
 @dataclass
@@ -289,13 +415,21 @@ class Result:
     staged: list[int] = field(default_factory=list)
     per: dict[str, list[int]] = field(default_factory=dict)
     errors: int = 0
+    cpu: list[tuple[float, float]] = field(default_factory=list)
+    """Per product round: (the server's CPU ms per job, jobs per second)."""
 
 
 def _job(service: float) -> str:
     return f"{service * 1000:g} ms jobs" if service else "jobs answered at once"
 
 
-def report(results: dict[float, Result], elapsed: float, pin: bool) -> str:
+def report(
+    results: dict[float, Result],
+    refs: dict[str, list[tuple[float, float]]],
+    ref_errors: int,
+    elapsed: float,
+    pin: bool,
+) -> str:
     rows = []
     verdicts = []
     for service, res in results.items():
@@ -386,6 +520,33 @@ def report(results: dict[float, Result], elapsed: float, pin: bool) -> str:
         if parts:
             gc_notes.append(f"{_job(service)}: " + "; ".join(parts))
     errors = sum(r.errors for r in results.values())
+    cpu_rows = []
+    floor_cpu = statistics.fmean(c for c, _ in refs["floor"]) if refs.get("floor") else 0.0
+    for kind, label in REFERENCES:
+        values = refs.get(kind) or []
+        if values:
+            cpu = statistics.fmean(c for c, _ in values)
+            rate = statistics.fmean(r for _, r in values)
+            cpu_rows.append(
+                [
+                    label,
+                    f"{cpu:.3f}",
+                    f"{cpu / floor_cpu:.2f}×" if floor_cpu else "",
+                    f"{rate:,.0f}",
+                ]
+            )
+    for service, res in results.items():
+        if res.cpu:
+            cpu = statistics.fmean(c for c, _ in res.cpu)
+            rate = statistics.fmean(r for _, r in res.cpu)
+            cpu_rows.append(
+                [
+                    f"the product, {_job(service)} (all of the server's threads)",
+                    f"{cpu:.3f}",
+                    f"{cpu / floor_cpu:.2f}×" if floor_cpu else "",
+                    f"{rate:,.0f}",
+                ]
+            )
     placement = "proxy on core 0, model and clients on core 1" if pin else "no CPU pinning"
     lines = [
         "`.venv/bin/python -m bench gap` (`make bench` runs all benches). "
@@ -402,6 +563,15 @@ def report(results: dict[float, Result], elapsed: float, pin: bool) -> str:
         "it (CLOCK_MONOTONIC in both processes). With jobs answered at once the proxy has no "
         "idle time to do the rest of its work in (the client's answer, the next arrival), so "
         "that gap is its whole CPU time per job; with real jobs that work overlaps the next job.",
+        "",
+        "CPU time per request under the same load (the server process's user + system time "
+        f"over the {JOBS:,} answers after the warm-up, divided by them; means of {ROUNDS} rounds; "
+        f"references: the same client with {REF_CONNECTIONS} connections, their best case, and "
+        f"the same pinning, answered at once, {ref_errors} errors):",
+        "",
+        markdown_table(
+            ["server", "CPU ms per request", "× the minimal relay", "answers/s"], cpu_rows
+        ),
         "",
         "Where the gap goes (the same server started through `bench/stages.py`, which notes "
         "the clock at each stage; gaps with every stage seen):",

@@ -91,7 +91,16 @@ def main() -> str:
         f"{'met' if med < TARGET_PICK_US and naive_med / med >= TARGET_RATIO else 'NOT met'}."
     )
     print(f"  pick {fmt_us(med)} µs median; {verdict}")
-    header = ["op", "waiting", "lanes", "fast median µs", "fast p99 µs", "naive median µs", "naive/fast", "samples fast / naive"]
+    header = [
+        "op",
+        "waiting",
+        "lanes",
+        "fast median µs",
+        "fast p99 µs",
+        "naive median µs",
+        "naive/fast",
+        "samples fast / naive",
+    ]
     rows = [
         [
             "pick",

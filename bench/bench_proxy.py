@@ -542,9 +542,7 @@ async def _paced(port: int, pid: int) -> dict:
     """PACED_STREAMS streams at once, each PACED_RATE llama-server-sized events a second:
     events delivered a second and the CPU time ``pid`` spent per event, over a window
     after a warm-up (every stream is running throughout the window)."""
-    req = dict(
-        CHAT, stream=True, fake_tokens=PACED_TOKENS, fake_tokens_per_second=PACED_RATE
-    )
+    req = dict(CHAT, stream=True, fake_tokens=PACED_TOKENS, fake_tokens_per_second=PACED_RATE)
     raw = post_bytes(port, req)
     state = {"counting": False, "events": 0, "bytes": 0, "errors": 0}
 
@@ -595,8 +593,8 @@ def paced(port: int, pid: int) -> dict:
 def _multipart(size: int) -> tuple[bytes, str]:
     boundary = "benchboundary7MA4YWxkTrZu0gW"
     head = (
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n"
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.wav\"\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\nm\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.wav"\r\n'
         "Content-Type: audio/wav\r\n\r\n"
     ).encode()
     tail = f"\r\n--{boundary}--\r\n".encode()

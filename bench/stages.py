@@ -194,9 +194,20 @@ def install_durations() -> None:
             CENSUS.append((now - started[0], info["collected"], info["uncollectable"]))
             if len(CENSUS) == 3:
                 import collections
+
                 objs = gc.get_objects(2)
-                c = collections.Counter(type(o).__module__ + "." + type(o).__qualname__ for o in objs)
-                CENSUS.append(("total", len(objs), len(gc.get_objects(0)), len(gc.get_objects(1)), gc.get_freeze_count()))
+                c = collections.Counter(
+                    type(o).__module__ + "." + type(o).__qualname__ for o in objs
+                )
+                CENSUS.append(
+                    (
+                        "total",
+                        len(objs),
+                        len(gc.get_objects(0)),
+                        len(gc.get_objects(1)),
+                        gc.get_freeze_count(),
+                    )
+                )
                 CENSUS.append(c.most_common(60))
                 del objs
         count, total = GC_STATS.get(info["generation"], (0, 0))

@@ -51,7 +51,9 @@ class GC(Protocol):
     def isenabled(self) -> bool: ...
     def get_count(self) -> tuple[int, int, int]: ...
     def get_threshold(self) -> tuple[int, int, int]: ...
-    def set_threshold(self, threshold0: int, threshold1: int = ..., threshold2: int = ..., /) -> None: ...
+    def set_threshold(
+        self, threshold0: int, threshold1: int = ..., threshold2: int = ..., /
+    ) -> None: ...
     def collect(self, generation: int = ...) -> int: ...
 
 
@@ -107,7 +109,11 @@ class Collector:
 
     def tick(self) -> bool:
         """The timer's check: a full collection if none ran for twice ``full_every``."""
-        if self.installed and self._gc.isenabled() and self._clock() - self.last_full >= 2 * self.full_every:
+        if (
+            self.installed
+            and self._gc.isenabled()
+            and self._clock() - self.last_full >= 2 * self.full_every
+        ):
             self.collect_full()
             return True
         return False

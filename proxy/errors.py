@@ -189,12 +189,16 @@ def invalid_host(host: str, path: str) -> HttpResponse:
 
 def cross_origin_refused(reason: str) -> HttpResponse:
     """403 for a browser request from another site to an endpoint that changes state."""
-    return error_response(403, f"cross-origin request refused: {reason}", code="cross_origin_refused")
+    return error_response(
+        403, f"cross-origin request refused: {reason}", code="cross_origin_refused"
+    )
 
 
 def login_required() -> HttpResponse:
     """403 for the dashboard's JSON API when it needs a Django login and has none."""
-    return error_response(403, "this needs a login: sign in at /admin/login/", code="login_required")
+    return error_response(
+        403, "this needs a login: sign in at /admin/login/", code="login_required"
+    )
 
 
 # -- which answers are JSON ----------------------------------------------------------------

@@ -109,7 +109,11 @@ class PeerTurn:
             ticket.outcome, ticket.status = Outcome.FAILED, 500
             ticket.error = f"{type(error).__name__}: {error}"
         else:
-            ticket.outcome, ticket.status, ticket.error = Outcome.FAILED, status, "ended without an outcome"
+            ticket.outcome, ticket.status, ticket.error = (
+                Outcome.FAILED,
+                status,
+                "ended without an outcome",
+            )
         ticket.state = TicketState.DONE
         ticket.finished_at = self.dispatcher.now()
         log.info(
@@ -151,7 +155,9 @@ async def forward(
     try:
         url = httpx.URL(peer.proxy.rstrip("/") + request.path + (f"?{query}" if query else ""))
     except (httpx.InvalidURL, ValueError) as exc:
-        return error_response(400, f"invalid path: {exc}", code="invalid_path", request_id=request_id)
+        return error_response(
+            400, f"invalid path: {exc}", code="invalid_path", request_id=request_id
+        )
     scope = request.scope  # set by the lean handler
     key: ApiKey | None = scope.get("llamaswap.api_key")
     header = request.META.get(PRIORITY_META)
@@ -221,7 +227,10 @@ async def forward(
         cause = f"{type(exc).__name__}: {exc}"
         turn.note(Outcome.FAILED, 502, cause)
         return error_response(
-            502, f"peer {peer.id!r} did not answer: {cause}", code="peer_unavailable", request_id=request_id
+            502,
+            f"peer {peer.id!r} did not answer: {cause}",
+            code="peer_unavailable",
+            request_id=request_id,
         )
     turn.upstream = upstream
     status = upstream.status_code
@@ -234,7 +243,10 @@ async def forward(
         cause = f"{type(exc).__name__}: {exc}"
         turn.note(Outcome.FAILED, 502, cause)
         return error_response(
-            502, f"peer {peer.id!r} broke off its answer: {cause}", code="peer_unavailable", request_id=request_id
+            502,
+            f"peer {peer.id!r} broke off its answer: {cause}",
+            code="peer_unavailable",
+            request_id=request_id,
         )
     if status < 300 and content_type.startswith("application/json"):
         _note_usage(ticket, content)
@@ -253,9 +265,13 @@ async def _stream(turn: PeerTurn, upstream: httpx.Response) -> AsyncIterator[byt
     try:
         async for chunk in upstream.aiter_raw():
             yield chunk
-            tail = (tail + chunk)[-STREAM_TAIL:] if len(chunk) < STREAM_TAIL else chunk[-STREAM_TAIL:]
+            tail = (
+                (tail + chunk)[-STREAM_TAIL:] if len(chunk) < STREAM_TAIL else chunk[-STREAM_TAIL:]
+            )
     except httpx.HTTPError as exc:
-        turn.note(Outcome.FAILED, upstream.status_code, f"stream broken: {type(exc).__name__}: {exc}")
+        turn.note(
+            Outcome.FAILED, upstream.status_code, f"stream broken: {type(exc).__name__}: {exc}"
+        )
         return
     _note_stream_usage(turn.ticket, tail)
     turn.note(Outcome.COMPLETED, upstream.status_code)

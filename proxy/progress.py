@@ -142,12 +142,19 @@ def error_event(status: int, content: bytes) -> bytes:
         parsed = None
     error = parsed.get("error") if isinstance(parsed, dict) else None
     if not isinstance(error, dict):
-        error = {"message": content.decode(errors="replace")[:2000], "type": "upstream_error", "code": status}
+        error = {
+            "message": content.decode(errors="replace")[:2000],
+            "type": "upstream_error",
+            "code": status,
+        }
     return b"data: " + json.dumps({"error": error}).encode() + b"\n\n"
 
 
 async def maybe(
-    ticket: Ticket, model: ModelConfig, request_id: str, answer: Callable[[], Awaitable[HttpResponse]]
+    ticket: Ticket,
+    model: ModelConfig,
+    request_id: str,
+    answer: Callable[[], Awaitable[HttpResponse]],
 ) -> HttpResponse | None:
     """None when the request was granted (or refused) within :data:`PROGRESS_AFTER`: the
     caller answers as usual. Otherwise a 200 event stream: progress until the turn comes,
@@ -166,7 +173,10 @@ async def maybe(
 
 
 async def _stream(
-    ticket: Ticket, model: ModelConfig, request_id: str, answer: Callable[[], Awaitable[HttpResponse]]
+    ticket: Ticket,
+    model: ModelConfig,
+    request_id: str,
+    answer: Callable[[], Awaitable[HttpResponse]],
 ) -> AsyncIterator[bytes]:
     events = _Events(request_id, model.id)
     said: str | None = None
@@ -188,7 +198,9 @@ async def _stream(
         yield events.text("\n\n")
     response = await answer()
     if isinstance(response, StreamingHttpResponse):
-        if response.status_code < 400 and response.get("Content-Type", "").startswith("text/event-stream"):
+        if response.status_code < 400 and response.get("Content-Type", "").startswith(
+            "text/event-stream"
+        ):
             async for chunk in response.streaming_content:  # type: ignore[union-attr]
                 yield chunk
             return

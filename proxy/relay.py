@@ -68,7 +68,9 @@ async def relay(
         # caller's mistake and costs nobody the GPU.
         url = httpx.URL(model.proxy.rstrip("/") + path + (f"?{query}" if query else ""))
     except (httpx.InvalidURL, ValueError) as exc:
-        return error_response(400, f"invalid path: {exc}", code="invalid_path", request_id=request_id)
+        return error_response(
+            400, f"invalid path: {exc}", code="invalid_path", request_id=request_id
+        )
     scope = getattr(request, "scope", None)
     # A parsed multipart form holds copies of its files: only the raw body is sent on.
     request.__dict__.pop("_post", None)
@@ -122,7 +124,9 @@ async def _answer(
         return _start_failed(model, exc, request_id)
     except Refused as exc:
         headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
-        return error_response(exc.status, str(exc), code=exc.code, request_id=request_id, headers=headers)
+        return error_response(
+            exc.status, str(exc), code=exc.code, request_id=request_id, headers=headers
+        )
 
     headers = forward_headers(scope["headers"]) if scope is not None else []
     try:
@@ -137,7 +141,10 @@ async def _answer(
         turn.note(Outcome.FAILED, 502, cause)
         turn.suspect = True
         return error_response(
-            502, f"model {model.id!r} did not answer: {cause}", code="upstream_unavailable", request_id=request_id
+            502,
+            f"model {model.id!r} did not answer: {cause}",
+            code="upstream_unavailable",
+            request_id=request_id,
         )
     turn.upstream = upstream
     body = b""  # the request body is no longer needed while the answer is relayed
@@ -157,7 +164,10 @@ async def _answer(
         turn.note(Outcome.FAILED, 502, cause)
         turn.suspect = True
         return error_response(
-            502, f"model {model.id!r} broke off its answer: {cause}", code="upstream_broken", request_id=request_id
+            502,
+            f"model {model.id!r} broke off its answer: {cause}",
+            code="upstream_broken",
+            request_id=request_id,
         )
     if status < 300 and content_type.startswith("application/json"):
         _note_usage(ticket, content)
@@ -235,7 +245,12 @@ async def _send(
             url,
             headers,
             body,
-            {"connect": timeouts.connect or None, "read": None, "write": WRITE_TIMEOUT, "pool": None},
+            {
+                "connect": timeouts.connect or None,
+                "read": None,
+                "write": WRITE_TIMEOUT,
+                "pool": None,
+            },
         )
         try:
             response = await _await_headers(upstreams, request, turn)
@@ -253,7 +268,9 @@ async def _send(
         return response
 
 
-async def _await_headers(upstreams: Upstreams, request: httpx.Request, turn: Turn) -> httpx.Response:
+async def _await_headers(
+    upstreams: Upstreams, request: httpx.Request, turn: Turn
+) -> httpx.Response:
     model = turn.ticket.model
     limit = model.timeouts.response_header
     watchdog = (
@@ -311,9 +328,7 @@ class _Watchdog:
         if await probe_health(model):
             self.handle = asyncio.get_running_loop().call_later(model.timeouts.idle, self._fire)
             return
-        self.tripped = (
-            f"model {model.id!r} sent nothing for {model.timeouts.idle:g}s and failed its health check"
-        )
+        self.tripped = f"model {model.id!r} sent nothing for {model.timeouts.idle:g}s and failed its health check"
         self.task.cancel()
 
     def close(self) -> None:
@@ -339,7 +354,9 @@ async def _went_silent(turn: Turn, what: str) -> str:
     """The model sent no byte of an answer for ``idle`` seconds: note a 504, and stop the
     model (via the turn's end) if it also fails its health check."""
     model = turn.ticket.model
-    message = f"model {model.id!r} sent nothing for {model.timeouts.idle:g}s in {what} (timeouts.idle)"
+    message = (
+        f"model {model.id!r} sent nothing for {model.timeouts.idle:g}s in {what} (timeouts.idle)"
+    )
     turn.note(Outcome.FAILED, 504, message)
     if not await probe_health(model):
         turn.unhealthy = True
@@ -367,7 +384,9 @@ async def _stream(turn: Turn, upstream: httpx.Response) -> AsyncIterator[bytes]:
         return
     except httpx.HTTPError as exc:
         # The model died mid-stream: end the response without [DONE].
-        turn.note(Outcome.FAILED, upstream.status_code, f"stream broken: {type(exc).__name__}: {exc}")
+        turn.note(
+            Outcome.FAILED, upstream.status_code, f"stream broken: {type(exc).__name__}: {exc}"
+        )
         turn.suspect = True
         return
     tail = b"".join(recent)[-STREAM_TAIL:]

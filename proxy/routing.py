@@ -102,7 +102,9 @@ def rewrite_peer(data: dict[str, Any], target: Route) -> bytes:
     assert target.peer is not None
     peer = target.peer.peer
     data["model"] = target.peer.model
-    return _filtered(data, peer.strip_params, peer.set_params, peer.set_params_by_id.get(target.name))
+    return _filtered(
+        data, peer.strip_params, peer.set_params, peer.set_params_by_id.get(target.name)
+    )
 
 
 def multipart_model(target: Route) -> str | None:
@@ -116,7 +118,7 @@ def multipart_model(target: Route) -> str | None:
     return None if wanted == target.requested else wanted
 
 
-_DISPOSITION = re.compile(rb'^content-disposition:(.*)$', re.IGNORECASE | re.MULTILINE)
+_DISPOSITION = re.compile(rb"^content-disposition:(.*)$", re.IGNORECASE | re.MULTILINE)
 _MODEL_FIELD = re.compile(rb';\s*name="?model"?\s*(;|$)')
 _FILENAME = re.compile(rb";\s*filename\*?=", re.IGNORECASE)
 
@@ -184,7 +186,10 @@ def listing_extras(
         status = "unloaded"
         for target in selector.targets:
             local = config.resolve(target)
-            if local is not None and states.get(local.id) in (ModelState.READY, ModelState.STARTING):
+            if local is not None and states.get(local.id) in (
+                ModelState.READY,
+                ModelState.STARTING,
+            ):
                 status = "loaded"
             if selector.strategy == STRATEGY_PIN or status == "loaded":
                 break

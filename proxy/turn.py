@@ -36,7 +36,9 @@ from scheduler.dispatcher import Dispatcher, Outcome, Ticket
 
 log = logging.getLogger("llamaswap.proxy")
 
-RECORD_EXTRA: ContextVar[Mapping[str, Any] | None] = ContextVar("llamaswap_record_extra", default=None)
+RECORD_EXTRA: ContextVar[Mapping[str, Any] | None] = ContextVar(
+    "llamaswap_record_extra", default=None
+)
 """Facts about the request its view knows before the turn is taken (the name the client
 asked for, when a selector or profile resolved it to another model), copied into the
 ticket's ``extra`` for its record. Set by the view in the request's own task (the lean

@@ -204,13 +204,17 @@ class LeanTransport(httpx.AsyncBaseTransport):
             self._fallback = None
 
 
-async def _connect(key: tuple[str, int], timeout: float | None, request: httpx.Request) -> _Connection:
+async def _connect(
+    key: tuple[str, int], timeout: float | None, request: httpx.Request
+) -> _Connection:
     loop = asyncio.get_running_loop()
     try:
         async with asyncio.timeout(timeout):
             _, conn = await loop.create_connection(_Connection, key[0], key[1])
     except TimeoutError:
-        raise httpx.ConnectTimeout(f"connecting to {key[0]}:{key[1]} timed out", request=request) from None
+        raise httpx.ConnectTimeout(
+            f"connecting to {key[0]}:{key[1]} timed out", request=request
+        ) from None
     except OSError as exc:
         raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None
     return conn
@@ -413,7 +417,9 @@ class _Connection(asyncio.Protocol):
             version, _, rest = lines[0].partition(b" ")
             code, _, reason = rest.partition(b" ")
             if not version.startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
-                raise httpx.RemoteProtocolError(f"malformed status line {lines[0][:100]!r}", request=request)
+                raise httpx.RemoteProtocolError(
+                    f"malformed status line {lines[0][:100]!r}", request=request
+                )
             status = int(code)
             headers = []
             length: int | None = None
@@ -421,7 +427,9 @@ class _Connection(asyncio.Protocol):
             for line in lines[1:]:
                 name, sep, value = line.partition(b":")
                 if not sep or not name or name[-1:] in b" \t" or line[:1] in b" \t":
-                    raise httpx.RemoteProtocolError(f"malformed header line {line[:100]!r}", request=request)
+                    raise httpx.RemoteProtocolError(
+                        f"malformed header line {line[:100]!r}", request=request
+                    )
                 value = value.strip(b" \t")
                 headers.append((name, value))
                 lower = name.lower()
@@ -429,7 +437,9 @@ class _Connection(asyncio.Protocol):
                     try:
                         declared = int(value.split(b",")[0])
                     except ValueError:
-                        raise httpx.RemoteProtocolError("malformed Content-Length", request=request) from None
+                        raise httpx.RemoteProtocolError(
+                            "malformed Content-Length", request=request
+                        ) from None
                     if declared < 0 or (length is not None and declared != length):
                         raise httpx.RemoteProtocolError("malformed Content-Length", request=request)
                     length = declared
@@ -579,7 +589,9 @@ async def _dechunk(conn: _Connection, request: httpx.Request) -> AsyncIterator[b
                 try:
                     left = int(bytes(buf[pos:end]).split(b";", 1)[0].strip(), 16)
                 except ValueError:
-                    raise httpx.RemoteProtocolError("malformed chunk size", request=request) from None
+                    raise httpx.RemoteProtocolError(
+                        "malformed chunk size", request=request
+                    ) from None
                 if left < 0:
                     raise httpx.RemoteProtocolError("malformed chunk size", request=request)
                 pos = end + 2
@@ -602,6 +614,7 @@ async def _dechunk(conn: _Connection, request: httpx.Request) -> AsyncIterator[b
         if state == "done":
             return
         if conn.eof:
-            raise conn.ended(request, "peer closed connection without sending complete message body")
+            raise conn.ended(
+                request, "peer closed connection without sending complete message body"
+            )
         await conn.wait(request)
-

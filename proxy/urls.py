@@ -43,6 +43,8 @@ urlpatterns = [path(p, views.inference) for p in INFERENCE_PATHS] + [
 
 # Paths served by the lean proxy handler (see llamaswap_site/asgi.py).
 PROXY_EXACT = frozenset(
-    "/" + p for p in INFERENCE_PATHS + ["v1/models", "running", "unload", "health", "logs", "logs/stream", "api/queue", "metrics"]
+    "/" + p
+    for p in INFERENCE_PATHS
+    + ["v1/models", "running", "unload", "health", "logs", "logs/stream", "api/queue", "metrics"]
 )
 PROXY_PREFIXES = ("/upstream/", "/api/models/unload")

@@ -31,7 +31,6 @@ from scheduler.process import ModelState
 log = logging.getLogger("llamaswap.proxy")
 
 
-
 def _new_request_id() -> str:
     """``uuid.uuid4().hex`` without building a UUID object (under half the cost): the same
     32 hex digits with the same version (4) and variant (RFC 4122) bits."""
@@ -71,7 +70,11 @@ async def inference(request: HttpRequest) -> HttpResponse:
         )
     if not name:
         return error_response(
-            400, "missing 'model' in request", code="missing_model", request_id=request_id, param="model"
+            400,
+            "missing 'model' in request",
+            code="missing_model",
+            request_id=request_id,
+            param="model",
         )
     try:
         target = routing.resolve(rt, name)
@@ -110,7 +113,9 @@ async def inference(request: HttpRequest) -> HttpResponse:
         return await relay(request, target.model, request_id, request.path, body, show_progress)
 
 
-def _parse_body(request: HttpRequest, request_id: str) -> tuple[bytes, dict[str, Any] | None, object] | HttpResponse:
+def _parse_body(
+    request: HttpRequest, request_id: str
+) -> tuple[bytes, dict[str, Any] | None, object] | HttpResponse:
     """The body, its JSON object (None for multipart) and its ``model``; or the 4xx to answer.
 
     Every way Django or the JSON parser can refuse a body becomes a JSON 4xx naming the
@@ -124,11 +129,15 @@ def _parse_body(request: HttpRequest, request_id: str) -> tuple[bytes, dict[str,
         body = request.body
     except RequestDataTooBig:
         return refuse(
-            413, f"request body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes", "request_too_large"
+            413,
+            f"request body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes",
+            "request_too_large",
         )
     if request.content_type == "multipart/form-data":
         if not request.content_params.get("boundary"):
-            return refuse(400, "multipart/form-data without a boundary in Content-Type", "invalid_multipart")
+            return refuse(
+                400, "multipart/form-data without a boundary in Content-Type", "invalid_multipart"
+            )
         if not request.META.get("CONTENT_LENGTH"):
             # Sent chunked: Django's parser reads nothing without a length (the body is here).
             request.META["CONTENT_LENGTH"] = str(len(body))
@@ -153,7 +162,9 @@ def _parse_body(request: HttpRequest, request_id: str) -> tuple[bytes, dict[str,
                 "request_too_large",
             )
         except MultiPartParserError as exc:
-            return refuse(400, f"multipart body could not be read: {clip(str(exc))}", "invalid_multipart")
+            return refuse(
+                400, f"multipart body could not be read: {clip(str(exc))}", "invalid_multipart"
+            )
         return body, None, name
     if not body.strip():
         return refuse(400, "request body is empty: expected a JSON object", "invalid_json")
@@ -164,7 +175,9 @@ def _parse_body(request: HttpRequest, request_id: str) -> tuple[bytes, dict[str,
     except (ValueError, UnicodeDecodeError) as exc:
         return refuse(400, f"request body is not valid JSON: {clip(str(exc))}", "invalid_json")
     if not isinstance(data, dict):
-        return refuse(400, f"request body must be a JSON object, got {_json_type(data)}", "invalid_json")
+        return refuse(
+            400, f"request body must be a JSON object, got {_json_type(data)}", "invalid_json"
+        )
     return body, data, data.get("model", "")
 
 
@@ -175,7 +188,9 @@ def _json_type(value: object) -> str:
 
 
 @csrf_exempt
-async def upstream_passthrough(request: HttpRequest, model_name: str, path: str = "") -> HttpResponse:
+async def upstream_passthrough(
+    request: HttpRequest, model_name: str, path: str = ""
+) -> HttpResponse:
     """ANY /upstream/{model}/{path}: the model from the path, everything else as sent.
 
     Local models only. The active profile's pin applies (to a local target); selectors do
@@ -190,7 +205,10 @@ async def upstream_passthrough(request: HttpRequest, model_name: str, path: str 
     model = rt.config.resolve(name) if name else None
     if model is None:
         return error_response(
-            404, f"model {echo(model_name)} not found", code="model_not_found", request_id=request_id
+            404,
+            f"model {echo(model_name)} not found",
+            code="model_not_found",
+            request_id=request_id,
         )
     # upstream.ignorePaths (llama-swap's rule): a matching path (decoded, after the model)
     # never loads the model. Unless it is loaded and ready it is refused here, before any
@@ -270,7 +288,9 @@ async def list_models(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"object": "list", "data": data})
 
 
-_CAPPED_METADATA = frozenset({"architecture", "capabilities", "supported_parameters", "context_length"})
+_CAPPED_METADATA = frozenset(
+    {"architecture", "capabilities", "supported_parameters", "context_length"}
+)
 """Record fields the capabilities own: metadata keys of these names are dropped when the
 model has capabilities (llama-swap's rule)."""
 
@@ -406,7 +426,9 @@ async def unload(request: HttpRequest, model_name: str | None = None) -> HttpRes
     if model_name is not None:
         model = rt.config.resolve(model_name)
         if model is None:
-            return error_response(404, f"model {echo(model_name)} not found", code="model_not_found")
+            return error_response(
+                404, f"model {echo(model_name)} not found", code="model_not_found"
+            )
         models = [model.id]
     await rt.dispatcher.unload(models)
     if request.path == "/unload":
@@ -427,7 +449,10 @@ async def queue(request: HttpRequest) -> HttpResponse:
         limit = max(1, min(int(raw), 1000))
     except ValueError:
         return error_response(
-            400, f"limit must be an integer 1..1000, got {echo(raw)}", code="invalid_limit", param="limit"
+            400,
+            f"limit must be an integer 1..1000, got {echo(raw)}",
+            code="invalid_limit",
+            param="limit",
         )
     now = dispatcher.now()
     model, state = dispatcher.model_state()
@@ -469,7 +494,9 @@ async def queue(request: HttpRequest) -> HttpResponse:
                 {
                     "lane": lane.name,
                     "models": list(lane.models),
-                    "loaded": [{"model": m, "state": s.name.lower()} for m, s in lane.loaded.items()],
+                    "loaded": [
+                        {"model": m, "state": s.name.lower()} for m, s in lane.loaded.items()
+                    ],
                     "running": len(lane.running),
                     "waiting": lane.waiting,
                 }
