@@ -8,7 +8,8 @@ latency as time added over calling the model server directly (each tree with its
 simulated model server), the stream as a ratio to direct and to the minimal relay
 (``bench/floor.py``), CPU per event of 64 paced streams over the relay's, the peak memory
 of a 50 MiB upload in copies of the body, memory per waiting request, and the dispatch gap
-at the model (5 ms jobs, 1,000 waiting: bench/bench_gap.py). Both trees are measured by
+at the model (5 ms jobs, 1,000 waiting: bench/bench_gap.py); ``--gap-only``: the gap alone, with both
+job lengths and its CPU pinning, quantiles p50/p99/p99.9. Both trees are measured by
 the working tree's ``bench/`` (copied into the worktree of ``REV``): the same client code
 on both sides, only the product differs.
 """
@@ -81,10 +82,30 @@ finally:
 print("AB " + json.dumps(out))
 """
 
+GAP_PROBE = r"""
+import json, os, subprocess, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from bench import bench_gap as g, bench_proxy as b
+b.raise_nofile()
+tmp = Path(tempfile.mkdtemp())
+subprocess.run([b.PY, "manage.py", "migrate", "-v", "0"], cwd=b.ROOT, check=True,
+               env=dict(os.environ, DATABASE_URL=f"sqlite:///{tmp / 'db.sqlite3'}"))
+pin = g.pinning()
+if pin:
+    os.sched_setaffinity(0, {b.CLIENT_CPU})
+out = {}
+for n, (label, service) in enumerate((("5ms_jobs", 0.005), ("jobs_at_once", 0.0))):
+    gaps, _, _ = g._run(tmp, pin, False, n, service)
+    for q in (0.5, 0.99, 0.999):
+        out[f"gap_{label}_p{q * 100:g}_ms"] = g.ms(gaps, q)
+print("AB " + json.dumps(out))
+"""
 
-def probe(tree: Path) -> dict[str, float]:
+
+def probe(tree: Path, gap_only: bool = False) -> dict[str, float]:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, str(tree)],
+        [sys.executable, "-c", GAP_PROBE if gap_only else PROBE, str(tree)],
         cwd=tree,
         capture_output=True,
         text=True,
@@ -100,6 +121,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__)
     parser.add_argument("rev", help="the git revision to compare with, e.g. HEAD~5")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--gap-only",
+        action="store_true",
+        help="only the dispatch gap (5 ms jobs and jobs answered at once, pinned as in bench gap)",
+    )
     args = parser.parse_args()
     before = Path(tempfile.mkdtemp(prefix="bench-ab-")) / "tree"
     subprocess.run(
@@ -116,7 +142,7 @@ def main() -> None:
         for n in range(args.rounds):
             for name, tree in (("before", before), ("after", ROOT)):
                 print(f"round {n + 1}: {name} ...", flush=True)
-                results[name].append(probe(tree))
+                results[name].append(probe(tree, args.gap_only))
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT)
     print(f"\n| measure (median of {args.rounds}) | {args.rev} | working tree | after/before |")
