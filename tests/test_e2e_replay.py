@@ -65,7 +65,10 @@ def test_a_recorded_run_replays_with_a_small_error(tmp_path):
     report = json.loads(out.stdout)
     assert report["requests"] == 6
     error = report["replay_error"]
-    # The replay picks in the recorded order, and each wait is within 0.15 s of the
-    # recorded one (the proxy's own time per job is what the model times leave out).
+    # The replay picks in the recorded order, and each wait is within a tenth of the
+    # longest recorded ones. What the replay leaves out (the proxy's own time per job, each
+    # load's difference from its model's median load) grows with the waits on a slower or
+    # busier machine, so the bound is a share of them, not seconds.
+    longest = max(b["recorded"] for b in error["band_p95_seconds"].values())
     assert error["same_order"] == 1.0, report
-    assert error["abs_error_max_seconds"] < 0.15, report
+    assert error["abs_error_max_seconds"] < 0.1 * longest, report
