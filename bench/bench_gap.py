@@ -151,7 +151,7 @@ DURATIONS = [
     ("notify", "observer callbacks (`on_finish`, `on_dispatch`, `on_enqueue`)"),
     ("add", "new arrivals filed in the queue (its `add`) before the pick"),
     ("gc", "cyclic garbage collection"),
-    ("snapshot", "the dashboard's live snapshot (every 0.1 s, watched or not)"),
+    ("snapshot", "the dashboard's live snapshot (every 0.1 s while a dashboard is open; none is in this bench)"),
     ("record", "activity-log batch written (Django's worker thread; holds the GIL in parts)"),
 ]
 

@@ -26,7 +26,7 @@ Durations, each noted as a ``*0``/``*1`` pair around the call: ``log`` (each cal
 dispatcher's logger, the arguments already built), ``fields`` (``Dispatcher._fields``, the
 log line's fields), ``notify`` (the observers' callbacks), ``add`` (a new arrival filed
 in the queue's ``add``), ``gc`` (a cyclic garbage collection, from ``gc.callbacks``), ``snapshot``
-(the dashboard's live snapshot, built every 0.1 s whether anyone watches or not) and
+(the dashboard's live snapshot, built every 0.1 s while a dashboard is open) and
 ``record`` (a batch of the activity log written in Django's worker thread).
 
 At exit the stamps go to the file named by ``BENCH_STAGES_OUT`` as JSON lines
@@ -44,7 +44,6 @@ from typing import Any
 
 EVENTS: list[tuple[str, int]] = []
 GC_STATS: dict[int, tuple[int, int]] = {}
-CENSUS: list = []
 """Per generation: collections, nanoseconds in all."""
 
 
@@ -190,26 +189,6 @@ def install_durations() -> None:
             EVENTS.append(("gc0", now))
             return
         EVENTS.append(("gc1", now))
-        if info["generation"] == 2:
-            CENSUS.append((now - started[0], info["collected"], info["uncollectable"]))
-            if len(CENSUS) == 3:
-                import collections
-
-                objs = gc.get_objects(2)
-                c = collections.Counter(
-                    type(o).__module__ + "." + type(o).__qualname__ for o in objs
-                )
-                CENSUS.append(
-                    (
-                        "total",
-                        len(objs),
-                        len(gc.get_objects(0)),
-                        len(gc.get_objects(1)),
-                        gc.get_freeze_count(),
-                    )
-                )
-                CENSUS.append(c.most_common(60))
-                del objs
         count, total = GC_STATS.get(info["generation"], (0, 0))
         GC_STATS[info["generation"]] = (count + 1, total + now - started[0])
 
@@ -233,8 +212,6 @@ def main() -> None:
             with open(out, "w") as f:
                 for event in EVENTS:
                     f.write(json.dumps(event) + "\n")
-                with open(out + ".census", "w") as g:
-                    json.dump(CENSUS, g, indent=0)
                 for generation, (count, total) in sorted(GC_STATS.items()):
                     f.write(json.dumps([f"gcstats{generation}", count, total]) + "\n")
 

@@ -24,10 +24,15 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):
                 await self.close(code=CLOSE_LOGIN_REQUIRED)
                 return
         await self.channel_layer.group_add(self.group, self.channel_name)
+        self.watching = True
+        live.watcher_joined()
         await self.accept()
         await self.send_json(live.current_snapshot())
 
     async def disconnect(self, code: int) -> None:
+        if getattr(self, "watching", False):
+            self.watching = False
+            live.watcher_left()
         await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:

@@ -7,6 +7,13 @@ own task (``start()``) wakes when something changed, sends at most one snapshot 
 ``sample_every`` seconds anyway so that waits, aging and elapsed times move, taking a chart
 sample each time. Snapshots go to the ``dashboard`` group of the channel layer, which every
 :class:`dashboard.consumers.DashboardConsumer` joins.
+
+While no dashboard is open (:func:`watcher_joined` / :func:`watcher_left`, counted by the
+consumers of this process) no snapshot is built or sent: the task only takes its chart
+sample every ``sample_every`` seconds. Building one walks the first ``waiting_cap`` waiting
+requests and their estimates; under load that work used to land between jobs, the GPU idle
+meanwhile (BENCHMARKS.md, "Dispatch gap at the model"). A dashboard that opens gets a full
+snapshot at once (:func:`current_snapshot`) and updates from then on.
 """
 
 from __future__ import annotations
@@ -44,6 +51,26 @@ GROUP = "dashboard"
 EVENT_TYPE = "dashboard.update"
 
 _current: LiveObserver | None = None
+_watchers = 0
+"""Open dashboards (websockets in the group) in this process."""
+
+
+def watcher_joined() -> None:
+    """A dashboard joined the group: updates are built and sent from now on."""
+    global _watchers
+    _watchers += 1
+    live = _current
+    if live is not None:
+        live._touch()
+
+
+def watcher_left() -> None:
+    global _watchers
+    _watchers = max(0, _watchers - 1)
+
+
+def watched() -> bool:
+    return _watchers > 0
 
 
 def current() -> LiveObserver | None:
@@ -117,7 +144,7 @@ class LiveObserver:
 
     def _touch(self) -> None:
         self._dirty = True
-        if self._wake is not None:
+        if self._wake is not None and _watchers:
             self._wake.set()
 
     # -- the snapshot ------------------------------------------------------------------
@@ -201,6 +228,15 @@ class LiveObserver:
                     await wake.wait()
             except TimeoutError:
                 pass
+            if not _watchers:  # nobody to send to: keep the charts' history only
+                wake.clear()
+                if loop.time() - last_sample >= self.sample_every:
+                    last_sample = loop.time()
+                    try:
+                        self.take_sample()
+                    except Exception:
+                        log.exception("dashboard sample failed")
+                continue
             # Coalesce: whatever happens during the pause goes out in one snapshot.
             pause = last_send + self.interval - loop.time()
             if pause > 0:

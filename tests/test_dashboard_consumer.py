@@ -212,3 +212,32 @@ async def test_live_path_over_redis(settings):
         layer = channel_layers["default"]
         await layer.flush()
         channel_layers.backends = {}
+
+
+async def test_nothing_is_built_while_no_dashboard_is_open_and_one_that_opens_is_current(live_env):
+    dispatcher, live, factory = live_env
+    factory.configure("a", hold_start=True)
+    dispatcher.submit(dispatcher.config.models["a"], 0, "first", "/")
+    for i in range(20):
+        dispatcher.submit(dispatcher.config.models["b"], 0, f"w{i}", "/")
+    # The charts keep their history meanwhile: wait for two samples (sample_every 0.5 s).
+    samples = len(live.samples)
+    async with asyncio.timeout(5):
+        while len(live.samples) < samples + 2:
+            await asyncio.sleep(0.05)
+    assert live.sent == 0  # twenty events and a second went by: no snapshot for nobody
+    comm = await _connect()
+    try:
+        snap = await comm.receive_json_from(timeout=3)
+        assert snap["depth"] == 20 and _ids(snap["running"]) == ["first"]
+        dispatcher.submit(dispatcher.config.models["b"], 100, "late", "/")
+        msg, _ = await _until(comm, lambda m: m["depth"] == 21)
+        assert live.sent >= 1
+    finally:
+        await comm.disconnect()
+    sent, samples = live.sent, len(live.samples)
+    dispatcher.submit(dispatcher.config.models["b"], 0, "after", "/")
+    async with asyncio.timeout(5):  # a sample, 0.5 s on: an update would have gone before
+        while len(live.samples) < samples + 1:
+            await asyncio.sleep(0.05)
+    assert live.sent == sent
