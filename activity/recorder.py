@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -326,11 +325,7 @@ def record_fields(ticket: Ticket, settings: SchedulerSettings, finished: float) 
         "api_key": ticket.api_key[:64],
         "requested_priority": _int64(ticket.requested_priority),
         "band": d.band.value if d else _band(ticket.priority),
-        "policy": "peer"
-        if ticket.extra.get("peer")
-        else d.policy.value
-        if d
-        else settings.use.value,
+        "policy": "peer" if ticket.extra.get("peer") else d.policy.value if d else settings.use.value,
         "lane": ticket.lane[:64],
         "arrived_at": _wall(ticket, ticket.arrival),
         "dispatched_at": _wall(ticket, ticket.dispatched_at),
@@ -417,57 +412,6 @@ writer would win back at once) hands the GIL over; the loop then waits at most o
 chunk's worth. The writer still saves several thousand rows a second."""
 
 
-GAP_HOLD = 0.005
-"""The longest the writer holds off for one change of jobs (:class:`BetweenJobs`)."""
-
-
-class BetweenJobs:
-    """The change of jobs on the GPU, as the writer thread sees it.
-
-    From a turn's end with requests waiting (:meth:`begin`, ``proxy.turn``) to the next
-    request on its way to its model (:meth:`end`, ``proxy.relay``), the event loop picks,
-    grants and writes while the model sits idle; a batch of the activity log written
-    meanwhile takes the GIL from it in every chunk (BENCHMARKS.md, "Dispatch gap at the
-    model"). :func:`write_records` calls :meth:`wait` before each chunk: it returns at once
-    while a model works, and holds the writer at most ``hold`` seconds from the begin,
-    so a change of jobs that never ends (the next request's model loads, its client left)
-    costs the log one short hold. Both ends are a flag set from the event loop's thread;
-    the writer waits on it without the GIL."""
-
-    def __init__(self, hold: float = GAP_HOLD, clock: Callable[[], float] = time.monotonic) -> None:
-        self.hold = hold
-        self._clock = clock
-        self._working = threading.Event()
-        self._working.set()
-        self._since = 0.0
-        self.holds = 0
-        """Times the writer waited (tests)."""
-
-    def begin(self) -> None:
-        self._since = self._clock()
-        self._working.clear()
-
-    def end(self) -> None:
-        self._working.set()
-
-    @property
-    def changing(self) -> bool:
-        return not self._working.is_set()
-
-    def wait(self) -> None:
-        """Return once no change of jobs is under way, or ``hold`` after it began."""
-        if self._working.is_set():
-            return
-        left = self._since + self.hold - self._clock()
-        if left > 0:
-            self.holds += 1
-            self._working.wait(left)
-
-
-between_jobs = BetweenJobs()
-"""The serving process's (``proxy.turn`` begins it, ``proxy.relay`` ends it)."""
-
-
 def _statement() -> tuple[str, list[tuple[str, Callable[[Any], Any] | None, Any]]]:
     """``INSERT ... ON CONFLICT (request_id) DO NOTHING`` for the current connection, and
     per column (field name, adapter to a driver value or None, default)."""
@@ -538,7 +482,6 @@ def write_records(items: Sequence[_Item], pause: float = WRITE_PAUSE) -> int:
             dropped += 1
         if pause and index % WRITE_CHUNK == 0:
             time.sleep(pause)
-            between_jobs.wait()
     if not params:
         return dropped
     try:
@@ -547,7 +490,6 @@ def write_records(items: Sequence[_Item], pause: float = WRITE_PAUSE) -> int:
                 cursor.executemany(sql, params[start : start + WRITE_CHUNK])
                 if pause:
                     time.sleep(pause)
-                    between_jobs.wait()
         return dropped
     except DatabaseError as exc:
         with contextlib.suppress(Exception):

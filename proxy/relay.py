@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from activity.recorder import between_jobs
 from proxy import progress as progress_mod
 from proxy.collector import collector
 from proxy.errors import REQUEST_ID_HEADER, error_response
@@ -269,12 +268,6 @@ async def _send(
         return response
 
 
-def _model_working() -> None:
-    """A request is on its way to its model: what should not delay it may run now."""
-    between_jobs.end()
-    collector.model_started()
-
-
 async def _await_headers(
     upstreams: Upstreams, request: httpx.Request, turn: Turn
 ) -> httpx.Response:
@@ -286,7 +279,7 @@ async def _await_headers(
         else None
     )
     # Runs once this task waits: once the request is on its way to the model.
-    asyncio.get_running_loop().call_soon(_model_working)
+    asyncio.get_running_loop().call_soon(collector.model_started)
     try:
         if limit:
             try:

@@ -31,9 +31,8 @@ from typing import Any
 
 import httpx
 
-from activity.recorder import between_jobs
 from scheduler.config import ModelConfig
-from scheduler.dispatcher import Dispatcher, Outcome, Ticket, TicketState
+from scheduler.dispatcher import Dispatcher, Outcome, Ticket
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -144,8 +143,6 @@ class Turn:
         if ticket.outcome is not None:
             return  # the dispatcher ended it (refused, failed start) or it was closed
         dispatcher = self.dispatcher
-        if ticket.state is TicketState.RUNNING and len(dispatcher.queue):
-            between_jobs.begin()  # the GPU changes jobs: the activity log's writer holds off
         if self._noted is not None:
             dispatcher.finish(ticket, *self._noted)
             if self.unhealthy:

@@ -7,9 +7,7 @@ this module both ways, `-m django_db`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -19,9 +17,8 @@ from django.db import OperationalError
 from django.test import Client
 from prometheus_client import REGISTRY
 
-from activity import recorder as recorder_module
 from activity.models import RequestRecord
-from activity.recorder import BetweenJobs, Recorder, prune, write_records
+from activity.recorder import Recorder, prune, write_records
 from scheduler.dispatcher import Dispatcher, Outcome
 from scheduler.testing import FakeProcessFactory
 from tests.helpers import WALL0, FakeClock, granted, make_config, until
@@ -269,52 +266,6 @@ async def test_a_retried_batch_is_not_saved_twice(world):
     assert await save(items) == 0
     assert await save(items) == 0  # e.g. the commit landed but its answer was lost
     assert len(await arows()) == 1
-
-
-# -- the writer holds off while the GPU changes jobs -----------------------------------------
-
-
-def test_the_writer_waits_while_jobs_change_and_never_longer_than_its_hold():
-    now = [100.0]
-    gate = BetweenJobs(hold=30.0, clock=lambda: now[0])
-    gate.wait()  # a model works: at once
-    assert gate.holds == 0
-
-    gate.begin()
-    done = threading.Event()
-    writer = threading.Thread(target=lambda: (gate.wait(), done.set()))
-    writer.start()
-    assert not done.wait(0.05)  # held (its hold is 30 s)
-    gate.end()  # the next request is on its way to its model
-    assert done.wait(5)
-    writer.join(5)
-    assert gate.holds == 1
-
-    gate.begin()
-    now[0] += 31.0  # a change that never ended (its model loads): the hold is over
-    gate.wait()
-    assert gate.holds == 1 and gate.changing
-
-
-async def test_a_batch_is_held_until_the_next_request_went_to_its_model(world, monkeypatch):
-    dispatcher, recorder, _ = await world("a")
-    a = dispatcher.config.models["a"]
-    for i in range(8):  # two chunks: the writer asks before each
-        ticket = dispatcher.submit(a, 0, f"held{i}", "/v1/chat/completions")
-        await granted(ticket)
-        dispatcher.finish(ticket, Outcome.COMPLETED, 200)
-    await until(lambda: recorder.pending == 8)
-    gate = BetweenJobs(hold=30.0)
-    monkeypatch.setattr(recorder_module, "between_jobs", gate)
-    gate.begin()
-    save = asyncio.ensure_future(
-        sync_to_async(write_records, thread_sensitive=True)(list(recorder._buffer))
-    )
-    await until(lambda: gate.holds == 1)
-    assert not save.done()
-    gate.end()
-    assert await asyncio.wait_for(save, 5) == 0
-    assert len(await arows()) == 8
 
 
 async def test_stop_saves_what_is_buffered(world):

@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from activity.recorder import between_jobs
 from proxy.turn import Turn
 from scheduler.config import parse_config
 from scheduler.dispatcher import Dispatcher, Outcome
@@ -224,8 +223,6 @@ async def fault_ends_the_turn(proxy, monkeypatch, point, fault, stream):
         await nxt.task
     assert nxt.status == 200, nxt.body
     await idle(dispatcher)
-    # No change of jobs is left open for the activity log's writer to hold off for.
-    assert not between_jobs.changing
     # The record of the faulted request says what its client saw.
     outcomes = {rid: o for rid, o in proxy.recorder.finished.items() if rid != nxt.request_id}
     if blocker is not None:
