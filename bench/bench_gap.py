@@ -42,6 +42,7 @@ from bench.bench_proxy import (
     SERVER_CPU,
     Conn,
     Floor,
+    Proc,
     Server,
     _read_response,
     cpu_seconds,
@@ -151,7 +152,10 @@ DURATIONS = [
     ("notify", "observer callbacks (`on_finish`, `on_dispatch`, `on_enqueue`)"),
     ("add", "new arrivals filed in the queue (its `add`) before the pick"),
     ("gc", "cyclic garbage collection"),
-    ("snapshot", "the dashboard's live snapshot (every 0.1 s while a dashboard is open; none is in this bench)"),
+    (
+        "snapshot",
+        "the dashboard's live snapshot (every 0.1 s while a dashboard is open; none is in this bench)",
+    ),
     ("record", "activity-log batch written (Django's worker thread; holds the GIL in parts)"),
 ]
 
@@ -257,54 +261,6 @@ def _run(
     return _gaps(rows), breakdown, load
 
 
-class _Proc:
-    """A reference server as a subprocess, pinned to ``cpu``, ready once ``GET path`` is 200."""
-
-    def __init__(self, cmd: list[str], port: int, cpu: int | None, log: Path) -> None:
-        self.port = port
-        self.log_path = log
-        if cpu is not None:
-            cmd = ["taskset", "-c", str(cpu), *cmd]
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=raise_nofile,  # noqa: PLW1509 - only sets a limit
-        )
-        self.pid = self.proc.pid
-
-    def wait_ready(self, path: str = "/health", timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.log_path.name} exited:\n{self.log_path.read_text()[-3000:]}"
-                )
-            try:
-                with Conn(self.port, timeout=1) as c:
-                    if c.get(path).status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"not ready:\n{self.log_path.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, 15)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, 9)
-            self.proc.wait(timeout=5)
-        self._log.close()
-
-
 REFERENCES = [
     ("bare", "daphne alone: an ASGI app with no framework answering at once (`bench/bare.py`)"),
     (
@@ -323,11 +279,11 @@ def _reference(tmp: Path, pin: bool, kind: str, connections: int = REF_CONNECTIO
     """CPU time per request of a reference server under the gap's client (keep-alive
     connections, each sending its next request when its answer came; answered at once)."""
     server_cpu = SERVER_CPU if pin else None
-    procs: list[_Proc | Floor] = []
+    procs: list[Proc] = []
     try:
         if kind == "bare":
             port = free_port()
-            ref: _Proc | Floor = _Proc(
+            ref: Proc = Proc(
                 [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "bench.bare:app"],
                 port,
                 server_cpu,
@@ -337,7 +293,7 @@ def _reference(tmp: Path, pin: bool, kind: str, connections: int = REF_CONNECTIO
             ref.wait_ready("/")
         else:
             model_port = free_port()
-            model = _Proc(
+            model = Proc(
                 [PY, "-m", "bench.stampmodel", "--host", "127.0.0.1", "--port", str(model_port)],
                 model_port,
                 CLIENT_CPU if pin else None,

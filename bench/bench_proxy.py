@@ -251,18 +251,16 @@ class Server:
         self._log.close()
 
 
-class Floor:
-    """The minimal relay (``bench/floor.py``) as a subprocess on the server's core, relaying
-    to ``model_port``: the floor every proxy figure is compared with."""
+class Proc:
+    """A server as a subprocess in a session of its own, pinned to ``cpu``, its output in
+    ``log``; ready once ``GET path`` answers 200."""
 
-    def __init__(self, tmp: Path, model_port: int, pin: bool) -> None:
-        self.port = free_port()
-        self.log_path = tmp / "floor.log"
-        cmd = [PY, "-m", "bench.floor", "--port", str(self.port)]
-        cmd += ["--upstream", f"http://127.0.0.1:{model_port}"]
-        if pin:
-            cmd = ["taskset", "-c", str(SERVER_CPU), *cmd]
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+    def __init__(self, cmd: list[str], port: int, cpu: int | None, log: Path) -> None:
+        self.port = port
+        self.log_path = log
+        if cpu is not None:
+            cmd = ["taskset", "-c", str(cpu), *cmd]
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
@@ -274,19 +272,21 @@ class Floor:
         )
         self.pid = self.proc.pid
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, path: str = "/health", timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"floor exited:\n{self.log_path.read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"{self.log_path.name} exited:\n{self.log_path.read_text()[-3000:]}"
+                )
             try:
                 with Conn(self.port, timeout=1) as c:
-                    if c.get("/health").status == 200:
+                    if c.get(path).status == 200:
                         return
             except OSError:
                 pass
             time.sleep(0.05)
-        raise RuntimeError(f"floor not ready:\n{self.log_path.read_text()[-3000:]}")
+        raise RuntimeError(f"{self.log_path.name}: not ready:\n{self.log_path.read_text()[-3000:]}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -299,6 +299,17 @@ class Floor:
                     os.killpg(self.pid, signal.SIGKILL)
                 self.proc.wait(timeout=5)
         self._log.close()
+
+
+class Floor(Proc):
+    """The minimal relay (``bench/floor.py``) as a subprocess on the server's core, relaying
+    to ``model_port``: the floor every proxy figure is compared with."""
+
+    def __init__(self, tmp: Path, model_port: int, pin: bool) -> None:
+        port = free_port()
+        cmd = [PY, "-m", "bench.floor", "--port", str(port)]
+        cmd += ["--upstream", f"http://127.0.0.1:{model_port}"]
+        super().__init__(cmd, port, SERVER_CPU if pin else None, tmp / "floor.log")
 
 
 # -- a minimal blocking HTTP/1.1 client ------------------------------------------------------
