@@ -69,10 +69,6 @@ def watcher_left() -> None:
     _watchers = max(0, _watchers - 1)
 
 
-def watched() -> bool:
-    return _watchers > 0
-
-
 def current() -> LiveObserver | None:
     """The live observer of the scheduler running in this process, if any."""
     return _current
