@@ -1,12 +1,15 @@
 """The activity log's writer: a dispatcher observer that saves one row per request.
 
-On the dispatch path :meth:`Recorder.on_finish` only appends the finished ticket to a
-bounded deque (tickets are done changing by then: the decision was set at dispatch, usage
-and timings before the finish). A background task takes batches off the deque every
-``interval`` seconds, or sooner once ``batch_size`` are waiting, and saves each batch in
-one transaction in Django's sync thread (:func:`write_records`); the conversion from
-tickets to rows happens in that thread too, so the event loop does nothing per record but
-the append.
+On the dispatch path :meth:`Recorder.on_finish` writes the record as one line to the
+journal (:mod:`activity.journal`: it survives a killed server; a few microseconds) and
+appends the finished ticket to a bounded deque (tickets are done changing by then: the
+decision was set at dispatch, usage and timings before the finish). A background task
+takes batches off the deque every ``interval`` seconds, or sooner once ``batch_size`` are
+waiting, and saves each batch in one transaction in Django's sync thread
+(:func:`write_records`); the conversion from tickets to rows happens in that thread too,
+so the event loop does nothing per record but the journal's line and the append. A
+committed batch marks the journal done up to it. When the server stops with records
+unsaved (the database away), the journal keeps them for the next start instead.
 
 When the database is unavailable the batch stays at the head of the deque and is retried
 with exponential backoff, while proxying goes on. The deque is bounded: beyond
@@ -35,6 +38,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.utils import timezone
 
 from activity import metrics
+from activity.journal import Journal
 from scheduler.core.policy import Policy, SchedulerSettings
 from scheduler.dispatcher import Outcome, Ticket
 from scheduler.process import ModelState
@@ -49,6 +53,8 @@ PRUNE_CHUNK = 5_000
 SQLITE_BUSY_MS = 1_000
 """The recorder's SQLite busy timeout: a locked database fails the batch fast (it is
 retried) instead of holding Django's sync thread for the default 5 s."""
+REPLAY_RETRY = 30.0
+"""Seconds between two replays of dead servers' journals that the database refused."""
 
 _Item = tuple[Ticket, SchedulerSettings, float]
 """A finished ticket, the settings it was scheduled under, and its finish time."""
@@ -60,6 +66,11 @@ class Recorder:
     ``await start()`` on the server's loop, ``await stop()`` at shutdown (flushes what
     it can). ``writer`` (for tests) replaces the database write: it gets the items of a
     batch in Django's sync thread and returns how many it dropped.
+
+    ``journal`` makes each record durable against a killed server as it finishes
+    (:mod:`activity.journal`); ``replay`` (run in Django's sync thread once the database
+    answers, and again every :data:`REPLAY_RETRY` s while it returns a count of journals
+    still kept) saves what dead servers' journals hold.
     """
 
     def __init__(
@@ -74,6 +85,8 @@ class Recorder:
         prune_every: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
         writer: Callable[[Sequence[_Item]], int] | None = None,
+        journal: Journal | None = None,
+        replay: Callable[[], int] | None = None,
     ) -> None:
         self.capacity = capacity
         self.batch_size = batch_size
@@ -85,6 +98,15 @@ class Recorder:
         self._clock = clock
         self._writer = writer or write_records
         self._buffer: deque[_Item] = deque()
+        self._journal = journal
+        self._seqs: deque[int] = deque()
+        """Each buffered record's journal sequence number (0: not journaled), in step with
+        the buffer: a committed batch marks the journal done up to its last one."""
+        self._replay = replay
+        self._replay_due = replay is not None
+        """Dead servers' journals may wait for a replay (the database was away at start)."""
+        self._replay_at = 0.0
+        self._upkeep: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -111,7 +133,16 @@ class Recorder:
             self._drop(1, "the buffer is full (is the database unavailable?)")
             return
         finished = ticket.finished_at if ticket.finished_at is not None else self._clock()
+        seq = 0
+        if self._journal is not None:
+            # The record on disk (the page cache) before anything else: from here on a
+            # killed server loses nothing (activity/journal.py). One line, one write.
+            try:
+                seq = self._journal.append(snapshot(ticket, self._settings, finished))
+            except Exception:  # a record that cannot be built: the writer drops it
+                log.exception("activity log: cannot journal a record", extra={"action": "record_refused"})
         buffer.append((ticket, self._settings, finished))
+        self._seqs.append(seq)
         if len(buffer) == self.batch_size and self._wake is not None:
             self._wake.set()
 
@@ -134,7 +165,10 @@ class Recorder:
         self._stopping = False
         self._wake = asyncio.Event()
         metrics.RECORDS_BUFFERED.set_function(lambda: len(self._buffer))
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="recorder")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="recorder")
+        if self._journal is not None:
+            self._upkeep = loop.create_task(self._keep_journal(), name="recorder-journal")
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Save what is buffered (for up to ``timeout`` seconds), then stop."""
@@ -152,9 +186,26 @@ class Recorder:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._upkeep is not None:
+            self._upkeep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._upkeep
+            self._upkeep = None
         if self._buffer:
-            self._drop(len(self._buffer), "the server stopped before they were saved")
+            unjournaled = self._seqs.count(0)
+            if unjournaled:
+                self._drop(unjournaled, "the server stopped before they were saved")
+            if len(self._buffer) > unjournaled:
+                log.warning(
+                    "activity log: %d records kept in the journal for the next start",
+                    len(self._buffer) - unjournaled,
+                    extra={"action": "journal_kept", "records": len(self._buffer) - unjournaled},
+                )
             self._buffer.clear()
+            self._seqs.clear()
+        if self._journal is not None:
+            self._journal.seal()
+            await asyncio.to_thread(self._journal.close)
         self._flush_drop_log()
         await _close_connection()
 
@@ -184,6 +235,9 @@ class Recorder:
                     break  # the rest goes with the next batch
             if self._stopping and not self._buffer:
                 return  # stop() bounds the retries of a last, failing batch
+            if self._replay_due and not self._failures and loop.time() >= self._replay_at:
+                self._replay_due = await self._replay_journals()
+                self._replay_at = loop.time() + REPLAY_RETRY
             if loop.time() >= next_prune and not self._failures:
                 next_prune = loop.time() + self.prune_every
                 await self._prune()
@@ -213,15 +267,43 @@ class Recorder:
                 len(self._buffer),
                 extra={"action": "record_recovered", "buffered": len(self._buffer)},
             )
+            self._replay_due = True  # journals a start could not replay: try them now
         self._failures = 0
+        done = 0
         for _ in range(len(batch)):
             self._buffer.popleft()
+            done = self._seqs.popleft() or done
+        if done and self._journal is not None:
+            self._journal.mark_done(done)
         saved = len(batch) - dropped
         self.written += saved
         metrics.RECORDS_WRITTEN.inc(saved)
         if dropped:
             self._drop(dropped, "the database refused them")
         return True
+
+    async def _keep_journal(self) -> None:
+        """The journal's fsync (at most once per ``sync_interval``), rotation and deletion
+        of what the database has (activity/journal.py)."""
+        journal = self._journal
+        assert journal is not None
+        while True:
+            await asyncio.sleep(journal.sync_interval)
+            try:
+                await journal.upkeep()
+            except Exception:
+                log.exception("activity log: journal upkeep failed", extra={"action": "journal_failed"})
+
+    async def _replay_journals(self) -> bool:
+        """Journals of dead servers that the start could not replay (the database was
+        away), replayed once it answers again. True: some are still kept (try later)."""
+        if self._replay is None:
+            return False
+        try:
+            return bool(await sync_to_async(self._replay, thread_sensitive=True)())
+        except Exception:
+            log.exception("activity log: journal replay failed", extra={"action": "journal_failed"})
+            return True
 
     async def _prune(self) -> None:
         try:
@@ -284,12 +366,6 @@ def _backoff(failures: int) -> float:
 # -- the database side (Django's sync thread) ------------------------------------------------
 
 
-def _wall(ticket: Ticket, at: float | None) -> datetime | None:
-    if at is None:
-        return None
-    return datetime.fromtimestamp(ticket.arrival_wall + (at - ticket.arrival), tz=UTC)
-
-
 def _ms(seconds: float | None) -> float | None:
     return max(0.0, seconds) * 1000.0 if seconds is not None else None
 
@@ -311,61 +387,167 @@ def _int(value: Any) -> int | None:
     return int(value)
 
 
+SNAPSHOT_VERSION = 1
+
+
+def snapshot(ticket: Ticket, settings: SchedulerSettings, finished: float) -> tuple[Any, ...]:
+    """The raw facts a finished ticket's record is made of, as plain values (str, int,
+    float, None, bool and the upstream's parsed JSON), so the journal can ``marshal`` them in
+    a few microseconds on the event loop's thread. :func:`snapshot_fields` makes the
+    record of it, here or after a replay, so both give the same row."""
+    d = ticket.decision
+    extra = ticket.extra
+    usage = extra.get("usage")
+    timings = extra.get("timings")
+    return (
+        SNAPSHOT_VERSION,
+        ticket.request_id,
+        ticket.model.id,
+        str(extra.get("requested_model") or ""),
+        str(extra.get("peer") or ""),
+        ticket.path,
+        ticket.priority,
+        ticket.api_key,
+        ticket.requested_priority,
+        ticket.lane,
+        ticket.arrival,
+        ticket.arrival_wall,
+        ticket.dispatched_at,
+        ticket.ready_at,
+        finished,
+        (ticket.outcome or Outcome.FAILED).value,
+        ticket.status,
+        ticket.error,
+        ticket.load_seconds,
+        None
+        if d is None
+        else (
+            d.band.value,
+            d.policy.value,
+            d.queue_wait,
+            d.score,
+            d.affinity,
+            d.aging,
+            sorted(term.value for term in d.reordered_by) if d.reordered_by else [],
+            d.runner_up_id,
+            d.runner_up_score,
+            d.needs_swap,
+            d.fifo_priority,
+            d.waiting_after,
+        ),
+        settings.use.value,
+        settings.aging_divisor,
+        settings.swap_affinity_bonus,
+        usage if isinstance(usage, dict) else None,
+        timings if isinstance(timings, dict) else None,
+    )
+
+
 def record_fields(ticket: Ticket, settings: SchedulerSettings, finished: float) -> dict[str, Any]:
     """The :class:`~activity.models.RequestRecord` fields for one finished ticket."""
-    d = ticket.decision
-    outcome = ticket.outcome or Outcome.FAILED
+    return snapshot_fields(snapshot(ticket, settings, finished))
+
+
+def snapshot_fields(snap: tuple[Any, ...]) -> dict[str, Any]:
+    """The :class:`~activity.models.RequestRecord` fields of a :func:`snapshot`."""
+    if snap[0] != SNAPSHOT_VERSION:
+        raise ValueError(f"a record snapshot of version {snap[0]!r}")
+    (
+        _,
+        request_id,
+        model,
+        requested_model,
+        peer,
+        path,
+        priority,
+        api_key,
+        requested_priority,
+        lane,
+        arrival,
+        arrival_wall,
+        dispatched_at,
+        ready_at,
+        finished,
+        outcome,
+        status,
+        error,
+        load_seconds,
+        d,
+        use,
+        aging_divisor,
+        swap_affinity_bonus,
+        usage,
+        timings,
+    ) = snap
+
+    def wall(at: float | None) -> datetime | None:
+        if at is None:
+            return None
+        return datetime.fromtimestamp(arrival_wall + (at - arrival), tz=UTC)
+
     fields: dict[str, Any] = {
-        "request_id": ticket.request_id[:64],
-        "model": ticket.model.id[:255],
-        "requested_model": str(ticket.extra.get("requested_model") or "")[:255],
-        "peer": str(ticket.extra.get("peer") or "")[:255],
-        "path": ticket.path[:255],
-        "priority": _int64(ticket.priority),
-        "api_key": ticket.api_key[:64],
-        "requested_priority": _int64(ticket.requested_priority),
-        "band": d.band.value if d else _band(ticket.priority),
-        "policy": "peer" if ticket.extra.get("peer") else d.policy.value if d else settings.use.value,
-        "lane": ticket.lane[:64],
-        "arrived_at": _wall(ticket, ticket.arrival),
-        "dispatched_at": _wall(ticket, ticket.dispatched_at),
-        "ready_at": _wall(ticket, ticket.ready_at),
-        "finished_at": _wall(ticket, finished),
-        "outcome": outcome.value,
-        "status": ticket.status,
-        "error": (ticket.error or "")[:2000],
-        "duration_ms": max(0.0, finished - ticket.arrival) * 1000.0,
-        "load_ms": _ms(ticket.load_seconds),
-        "run_ms": _ms(finished - ticket.ready_at) if ticket.ready_at is not None else None,
+        "request_id": request_id[:64],
+        "model": model[:255],
+        "requested_model": requested_model[:255],
+        "peer": peer[:255],
+        "path": path[:255],
+        "priority": _int64(priority),
+        "api_key": api_key[:64],
+        "requested_priority": _int64(requested_priority),
+        "band": d[0] if d else _band(priority),
+        "policy": "peer" if peer else d[1] if d else use,
+        "lane": lane[:64],
+        "arrived_at": wall(arrival),
+        "dispatched_at": wall(dispatched_at),
+        "ready_at": wall(ready_at),
+        "finished_at": wall(finished),
+        "outcome": outcome,
+        "status": status,
+        "error": (error or "")[:2000],
+        "duration_ms": max(0.0, finished - arrival) * 1000.0,
+        "load_ms": _ms(load_seconds),
+        "run_ms": _ms(finished - ready_at) if ready_at is not None else None,
     }
     if d is not None:
+        (
+            _,
+            policy,
+            queue_wait,
+            score,
+            affinity,
+            aging,
+            reordered_by,
+            runner_up_id,
+            runner_up_score,
+            needs_swap,
+            fifo_priority,
+            waiting_after,
+        ) = d
         fields.update(
-            queue_wait_ms=d.queue_wait * 1000.0,
-            score=d.score,
-            affinity=d.affinity,
-            aging=d.aging,
-            reordered_by=sorted(term.value for term in d.reordered_by),
-            runner_up_id=(d.runner_up_id or "")[:64],
-            runner_up_score=d.runner_up_score,
-            needs_swap=d.needs_swap,
-            fifo_priority=_int64(d.fifo_priority),
-            waiting_after=d.waiting_after,
+            queue_wait_ms=queue_wait * 1000.0,
+            score=score,
+            affinity=affinity,
+            aging=aging,
+            reordered_by=list(reordered_by),
+            runner_up_id=(runner_up_id or "")[:64],
+            runner_up_score=runner_up_score,
+            needs_swap=needs_swap,
+            fifo_priority=_int64(fifo_priority),
+            waiting_after=waiting_after,
         )
-        if d.policy is Policy.SERIAL:
+        if policy == Policy.SERIAL.value:
             fields.update(
-                aging_divisor=float(settings.aging_divisor),
-                swap_affinity_bonus=settings.swap_affinity_bonus,
+                aging_divisor=float(aging_divisor),
+                swap_affinity_bonus=swap_affinity_bonus,
             )
-    usage = ticket.extra.get("usage")
-    if isinstance(usage, dict):
+    if usage is not None:
         fields["usage"] = usage
         fields["prompt_tokens"] = _int(usage.get("prompt_tokens"))
         fields["completion_tokens"] = _int(usage.get("completion_tokens"))
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
             fields["cached_tokens"] = _int(details.get("cached_tokens"))
-    timings = ticket.extra.get("timings")
-    if isinstance(timings, dict):
+    if timings is not None:
         fields["timings"] = timings
         fields["prompt_per_second"] = _number(timings.get("prompt_per_second"))
         fields["tokens_per_second"] = _number(timings.get("predicted_per_second"))
@@ -448,8 +630,7 @@ def _statement() -> tuple[str, list[tuple[str, Callable[[Any], Any] | None, Any]
     return sql, columns
 
 
-def _params(item: _Item, columns: list[tuple[str, Callable[[Any], Any] | None, Any]]) -> tuple:
-    fields = record_fields(*item)
+def _params(fields: dict[str, Any], columns: list[tuple[str, Callable[[Any], Any] | None, Any]]) -> tuple:
     return tuple(
         adapter(fields.get(name, default)) if adapter else fields.get(name, default)
         for name, adapter, default in columns
@@ -465,6 +646,39 @@ def write_records(items: Sequence[_Item], pause: float = WRITE_PAUSE) -> int:
     (not ``bulk_create``, which spends ~70 µs of Python per row compiling SQL), run in
     chunks with short pauses so the event loop's thread gets the GIL (see WRITE_PAUSE).
     """
+    return _save(items, _item_fields, pause)
+
+
+def _item_fields(item: _Item) -> dict[str, Any]:
+    return record_fields(*item)
+
+
+def write_rows(rows: Sequence[tuple[Any, ...]], pause: float = WRITE_PAUSE) -> int:
+    """Save journaled records (:func:`snapshot` tuples, ``activity.journal``'s replay)
+    like :func:`write_records`; returns how many were dropped. Records already saved are
+    skipped (``request_id``).
+
+    Unlike the live writer it raises, rather than drops the rows, when the table or a
+    column is missing: the journal is then kept for a start after ``llamaswap migrate``.
+    """
+    return _save(rows, snapshot_fields, pause, keep_on_schema_error=True)
+
+
+def _schema_error(exc: DatabaseError) -> bool:
+    """The database lacks the table or a column (not migrated), rather than refusing a row."""
+    text = str(exc).lower()
+    return any(
+        marker in text
+        for marker in ("no such table", "no such column", "has no column", "does not exist")
+    )
+
+
+def _save(
+    items: Sequence[Any],
+    build: Callable[[Any], dict[str, Any]],
+    pause: float,
+    keep_on_schema_error: bool = False,
+) -> int:
     try:
         _prepare_connection()
         sql, columns = _statement()
@@ -476,7 +690,7 @@ def write_records(items: Sequence[_Item], pause: float = WRITE_PAUSE) -> int:
     dropped = 0
     for index, item in enumerate(items, 1):
         try:
-            params.append(_params(item, columns))
+            params.append(_params(build(item), columns))
         except Exception:  # a bug must cost one record, not the log
             log.exception("activity log: cannot build a record", extra={"action": "record_refused"})
             dropped += 1
@@ -494,7 +708,7 @@ def write_records(items: Sequence[_Item], pause: float = WRITE_PAUSE) -> int:
     except DatabaseError as exc:
         with contextlib.suppress(Exception):
             connection.close()
-        if _transient(exc):
+        if _transient(exc) or (keep_on_schema_error and _schema_error(exc)):
             raise
         first_error = exc
     # The database refuses the batch for good: save what it accepts, one by one.

@@ -24,6 +24,7 @@ def _activity_observers(config: Config) -> list:
 
     observers: list = [MetricsObserver(config)]
     if getattr(settings, "ACTIVITY_RECORDING", True):
+        from activity.journal import replay_dead
         from activity.recorder import Recorder
 
         observers.append(
@@ -32,6 +33,38 @@ def _activity_observers(config: Config) -> list:
                 capacity=settings.ACTIVITY_BUFFER_ROWS,
                 retention_days=settings.ACTIVITY_RETENTION_DAYS,
                 retention_rows=settings.ACTIVITY_RETENTION_ROWS,
+                journal=_journal(),
+                replay=replay_dead,
             )
         )
     return observers
+
+
+def _journal():
+    """This server's activity journal (records survive a killed server); without one
+    (an unwritable state directory) records are saved as before, and a warning says so."""
+    import logging
+
+    from activity.journal import for_server
+
+    try:
+        return for_server()
+    except OSError as exc:
+        logging.getLogger("llamaswap.recorder").warning(
+            "activity log: no journal (%s): the records of the last half second are lost "
+            "if the server is killed",
+            exc,
+            extra={"action": "journal_failed", "cause": str(exc)},
+        )
+        return None
+
+
+def replay_activity_journals() -> None:
+    """Before serving: save what dead servers' activity journals hold (activity/journal.py).
+    A database that fails keeps them; the recorder tries again once it answers."""
+    from django.conf import settings
+
+    if getattr(settings, "ACTIVITY_RECORDING", True):
+        from activity.journal import replay_dead
+
+        replay_dead()

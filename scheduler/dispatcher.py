@@ -1297,6 +1297,22 @@ class Dispatcher:
             event = _SwapDone(
                 event.model, None, ModelStartError(event.model, "unloaded while loading"), event.seconds, lane.name
             )
+        if event.error is not None and aborted:
+            # Stopped by an unload (or given up by its waiters): the GPU is freed as asked.
+            # Whoever still waits for the model keeps its turn (and its place): the model
+            # starts again at once, once the stopped process is reaped, as llama-swap starts
+            # a model for a request that comes after an unload. The queue is untouched.
+            self._loaded_changed(lane)
+            self._notify("on_model_state", event.model, ModelState.STOPPED)
+            waiters = [t for t in loading if t.outcome is None]  # the others' end is posted
+            log.info("load stopped", extra={"model": event.model, "waiting": len(waiters)})
+            if waiters and self._closing:
+                for ticket in waiters:
+                    self._shut_out(ticket)
+            elif waiters:
+                self._begin_swap(lane, waiters[0].model)
+            self._update_idle()
+            return
         if event.error is not None:
             self._loaded_changed(lane)
             log.warning(
@@ -1306,13 +1322,12 @@ class Dispatcher:
             for ticket in loading:
                 ticket.load_seconds = event.seconds
                 self._fail_start(ticket, event.error)
-            if not aborted:
-                # Its waiters fail together now, rather than each retrying the start in
-                # turn while every other model's requests wait behind them.
-                for ticket in [t for t in self._tickets.values() if t.model.id == event.model]:
-                    self._queue.cancel(ticket.request_id)
-                    del self._tickets[ticket.request_id]
-                    self._fail_start(ticket, event.error)
+            # Its waiters fail together now, rather than each retrying the start in turn
+            # while every other model's requests wait behind them.
+            for ticket in [t for t in self._tickets.values() if t.model.id == event.model]:
+                self._queue.cancel(ticket.request_id)
+                del self._tickets[ticket.request_id]
+                self._fail_start(ticket, event.error)
             self._update_idle()
             return
         assert event.process is not None
@@ -1326,6 +1341,17 @@ class Dispatcher:
             self._grant(ticket)
         # Tickets whose clients left during the load are already DONE; nothing to grant.
         self._schedule_ttl()
+
+    def _shut_out(self, ticket: Ticket) -> None:
+        """A loading ticket at shutdown whose load was stopped: 503, its turn over."""
+        error = ShuttingDown("the server is shutting down")
+        ticket.outcome, ticket.status, ticket.error = Outcome.REJECTED, error.status, str(error)
+        ticket.finished_at = self._clock()
+        ticket.guard = None
+        if not ticket.granted.done():
+            ticket.granted.set_exception(error)
+            ticket.granted.exception()
+        self._end_turn(ticket)
 
     def _fail_start(self, ticket: Ticket, error: ModelStartError) -> None:
         """A waiting or loading ticket whose model did not start: 503, its turn over."""
@@ -1418,7 +1444,8 @@ class Dispatcher:
 
     def _on_unload(self, event: _Unload) -> None:
         """Stop the targeted models, loads in progress included; ``done`` resolves once
-        their processes are reaped."""
+        their processes are reaped. A stopped load's requests keep their turn: the model
+        starts again for them (:meth:`_on_swap_done`)."""
         targets = event.models
         stops: list[asyncio.Task[None]] = []
         for lane in self._lanes.values():

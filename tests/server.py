@@ -140,9 +140,14 @@ class Server:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def children(self) -> set[int]:
-        found = descendants(self.proc.pid)
+        """The server's model processes (and what they started), not its guard."""
+        found = {p for p in descendants(self.proc.pid) if p not in self.guards()}
         self.model_pids |= found
         return found
+
+    def guards(self) -> set[int]:
+        """The server's guard process (scheduler/guard.py), while it runs."""
+        return {p for p in descendants(self.proc.pid) if alive(p) and _is_guard(p)}
 
     def queue(self) -> dict:
         return httpx.get(self.url + "/api/queue", timeout=5).json()
@@ -183,6 +188,14 @@ class Server:
                 if alive(pid):
                     os.kill(pid, signal.SIGKILL)
         self._log.close()
+
+
+def _is_guard(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"scheduler.guard" in f.read()
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
