@@ -7,14 +7,17 @@ edit, by whom and when) is a table rather than raw JSON.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -22,9 +25,16 @@ from django.utils.safestring import SafeString
 from django.utils.text import capfirst
 
 from dashboard import keys as issued
-from dashboard import settings_store
-from dashboard.models import IssuedKey, SchedulerSettingsRecord, SettingsChange
+from dashboard import login_throttle, settings_store
+from dashboard.models import (
+    SCOPE_CHOICES,
+    AccessControl,
+    IssuedKey,
+    SchedulerSettingsRecord,
+    SettingsChange,
+)
 from dashboard.templatetags.dash import timetag
+from proxy.errors import echo
 from scheduler.config import ConfigError, key_policy
 from scheduler.core.policy import (
     KEY_AGING,
@@ -37,7 +47,9 @@ from scheduler.core.policy import (
     SettingsError,
 )
 from scheduler.core.priority import BANDS
-from scheduler.keys import KeyPolicy
+from scheduler.keys import DEFAULT_SCOPES, KeyPolicy, Scope
+
+log = logging.getLogger("llamaswap.admin")
 
 # SettingsError.key -> form field
 _FIELD_OF_KEY = {
@@ -507,10 +519,28 @@ class IssuedKeyForm(forms.ModelForm):
         initial=0,
         help_text="Added after the ceiling, e.g. to order two tiers inside one band.",
     )
+    scopes = forms.MultipleChoiceField(
+        label="Scopes",
+        choices=SCOPE_CHOICES,
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+        initial=[s.value for s in DEFAULT_SCOPES],
+        help_text="What the key may reach; none checked: inference only (as a config key "
+        "without scopes). A staff login reaches everything.",
+    )
 
     class Meta:
         model = IssuedKey
-        fields = ["name", "priority_default", "priority_ceiling", "priority_offset"]
+        fields = ["name", "priority_default", "priority_ceiling", "priority_offset", "scopes"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:  # [] stored by an older version: inference
+            self.initial["scopes"] = sorted(s.value for s in self.instance.scope_set)
+
+    def clean_scopes(self) -> list[str]:
+        chosen = self.cleaned_data.get("scopes") or [s.value for s in DEFAULT_SCOPES]
+        return sorted(Scope(name).value for name in chosen)
 
     def clean(self):
         data = super().clean()
@@ -557,7 +587,7 @@ class IssuedKeyAdmin(admin.ModelAdmin):
     """Adding generates the key and shows it once; only its digest and prefix are kept."""
 
     form = IssuedKeyForm
-    list_display = ["name", "key_prefix", "policy", "created", "created_by", "revoked"]
+    list_display = ["name", "key_prefix", "policy", "scope_list", "created", "created_by", "revoked"]
     search_fields = ["name", "prefix"]
     actions = ["revoke"]
 
@@ -565,10 +595,16 @@ class IssuedKeyAdmin(admin.ModelAdmin):
         js = ADMIN_JS
 
     def get_fields(self, request: HttpRequest, obj: IssuedKey | None = None) -> list[str]:
-        policy = ["priority_default", "priority_ceiling", "priority_offset"]
+        policy = ["priority_default", "priority_ceiling", "priority_offset", "scopes"]
         if obj is None:
             return ["name", *policy]
         return ["name", "key_prefix", *policy, "created", "created_by", "revoked"]
+
+    def get_fieldsets(self, request: HttpRequest, obj: IssuedKey | None = None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None:  # what issuing a key does to everyone else
+            fieldsets = [(None, {**fieldsets[0][1], "description": first_key_note()})]
+        return fieldsets
 
     def get_readonly_fields(self, request: HttpRequest, obj: IssuedKey | None = None) -> list[str]:
         return [] if obj is None else ["key_prefix", "created", "created_by", "revoked"]
@@ -580,6 +616,10 @@ class IssuedKeyAdmin(admin.ModelAdmin):
     @admin.display(description="priority rule")
     def policy(self, obj: IssuedKey) -> str:
         return show_policy(obj.policy)
+
+    @admin.display(description="scopes")
+    def scope_list(self, obj: IssuedKey) -> str:
+        return ", ".join(sorted(s.value for s in obj.scope_set))
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: IssuedKey) -> SafeString | str:
@@ -628,3 +668,156 @@ class IssuedKeyAdmin(admin.ModelAdmin):
             )
         else:
             self.message_user(request, "The selected keys were revoked already.", messages.INFO)
+
+
+def first_key_note() -> str:
+    """The add form's warning: a first key turns access control on for everyone."""
+    from scheduler import runtime
+
+    if issued.keys_required() or runtime.is_running() and runtime.current().keys.enabled:
+        return (
+            "API keys are required already: this key is one more. Access control stays on "
+            "when keys are revoked, until a staff member turns it off under Access control."
+        )
+    return (
+        "No API key is required yet: issuing this key turns access control on. From then "
+        "on every API client needs a key (the dashboard and the JSON API a login), and it "
+        "stays on after the last key is revoked or deleted, until a staff member turns it "
+        "off under Access control."
+    )
+
+
+# -- access control: whether keys stay required -----------------------------------------------
+
+
+def keys_in_force() -> list[str]:
+    """What keeps access control on: the config's keys and the issued keys not revoked."""
+    from scheduler import runtime
+
+    issued_names = IssuedKey.objects.filter(revoked_at__isnull=True).values_list("name", flat=True)
+    found = [f"issued key {name}" for name in issued_names]
+    if runtime.is_running() and runtime.current().keys.has_config_keys:
+        found.insert(0, "the config file's apiKeys")
+    return found
+
+
+class AccessControlForm(forms.ModelForm):
+    class Meta:
+        model = AccessControl
+        fields = ["keys_required"]
+
+    def clean_keys_required(self) -> bool:
+        required = bool(self.cleaned_data.get("keys_required"))
+        if not required and (found := keys_in_force()):
+            raise ValidationError(
+                "Keys are in force (%(keys)s): revoke the issued keys and remove apiKeys "
+                "from the config first; while a key exists, keys stay required.",
+                params={"keys": ", ".join(found)},
+                code="keys_in_force",
+            )
+        return required
+
+
+@admin.register(AccessControl)
+class AccessControlAdmin(admin.ModelAdmin):
+    """One row: whether the API needs keys when none is in force (the box stays keyed
+    until a staff member turns this off here; every change is in the change log)."""
+
+    form = AccessControlForm
+    fields = ["keys_required", "in_force", "changed_by", "last_changed"]
+    readonly_fields = ["in_force", "changed_by", "last_changed"]
+
+    class Media:
+        js = ADMIN_JS
+
+    @admin.display(description="keys in force")
+    def in_force(self, obj: AccessControl) -> str:
+        return ", ".join(keys_in_force()) or "none"
+
+    @admin.display(description="last changed")
+    def last_changed(self, obj: AccessControl) -> SafeString | str:
+        return timetag(obj.changed_at, "zoned") if obj.changed_at else "–"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        """There is one row: go straight to it."""
+        record, _ = AccessControl.objects.get_or_create(pk=AccessControl.SINGLETON_PK)
+        return HttpResponseRedirect(reverse("admin:dashboard_accesscontrol_change", args=[record.pk]))
+
+    def save_model(self, request: HttpRequest, obj: AccessControl, form, change: bool) -> None:
+        # Through dashboard.keys: the change-log row, the log line and the running ring.
+        required = form.cleaned_data["keys_required"]
+        if issued.set_keys_required(required, request.user.get_username()):
+            if required:
+                self.message_user(request, "API keys are required on every API path from now on.")
+            else:
+                self.message_user(
+                    request,
+                    "Access control is off: the API is open to every caller until a key is "
+                    "issued or configured.",
+                    messages.WARNING,
+                )
+        obj.refresh_from_db()
+
+
+# -- the admin login, throttled (dashboard/login_throttle.py) --------------------------------
+
+
+class ThrottledLoginForm(AdminAuthenticationForm):
+    """The admin's login form, refusing a locked username and address before checking
+    the password, and counting each failure."""
+
+    def clean(self) -> dict[str, Any]:
+        username = self.cleaned_data.get("username") or ""
+        address = login_throttle.client_address(self.request)
+        wait = login_throttle.throttle.locked_for(username, address)
+        if wait:
+            self.request.login_throttled = True  # type: ignore[union-attr]  # the view's 429
+            log.info(
+                "admin login refused: locked",
+                extra={"username": echo(username, 50), "client": address, "seconds": round(wait)},
+            )
+            raise ValidationError(login_throttle.lock_message(wait), code="throttled")
+        try:
+            data = super().clean()
+        except ValidationError:
+            if login_throttle.throttle.failed(username, address):
+                self.request.login_throttled = True  # type: ignore[union-attr]
+                limits = login_throttle.throttle.limits
+                log.warning(
+                    "admin login locked after repeated failures",
+                    extra={
+                        "username": echo(username, 50),
+                        "client": address,
+                        "failures": limits.failures,
+                        "lockout_seconds": limits.lockout,
+                    },
+                )
+                raise ValidationError(
+                    login_throttle.lock_message(limits.lockout), code="throttled"
+                ) from None
+            raise
+        login_throttle.throttle.succeeded(username, address)
+        return data
+
+
+def _throttled_status(login_view):
+    """The admin's login view answering 429 (not 200) while the form says "locked"."""
+
+    @functools.wraps(login_view)
+    def view(request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        response = login_view(request, extra_context)
+        if getattr(request, "login_throttled", False):
+            response.status_code = 429
+        return response
+
+    return view
+
+
+admin.site.login_form = ThrottledLoginForm
+admin.site.login = _throttled_status(admin.site.login)  # type: ignore[method-assign]

@@ -8,19 +8,27 @@ commits, so a key works, or stops working, without a restart. The request path n
 queries the database: :class:`scheduler.keys.KeyRing` is in memory, and
 :meth:`~scheduler.keys.KeyRing.set_admin_keys` swaps one reference, so calling it from the
 admin's worker thread is safe.
+
+The box stays keyed (:class:`~dashboard.models.AccessControl`): once a key has been in
+force, :func:`reload` stores that, and the stored state is put in the ring at every start
+and reload, so revoking or deleting the last key (or a restart with a config without
+``apiKeys``) leaves every key-needing path refusing everyone but staff sessions. Only
+:func:`set_keys_required` (the admin's access control page) turns it off, logged and in
+the change log.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import threading
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from dashboard.models import IssuedKey
+from dashboard.models import AccessControl, IssuedKey, SettingsChange
 from scheduler import runtime
 from scheduler.keys import ApiKey, KeyRing, digest
 
@@ -51,9 +59,50 @@ def assign(record: IssuedKey, key: str) -> None:
 def issued_keys() -> dict[str, ApiKey]:
     """The issued keys in force, by digest (revoked ones left out), as the ring takes them."""
     return {
-        record.digest: ApiKey(name=record.name, policy=record.policy, source="admin")
+        record.digest: ApiKey(
+            name=record.name, policy=record.policy, source="admin", scopes=record.scope_set
+        )
         for record in IssuedKey.objects.filter(revoked_at__isnull=True)
     }
+
+
+def keys_required() -> bool:
+    """The stored state: has access control been turned on and not off since?"""
+    return bool(
+        AccessControl.objects.filter(pk=AccessControl.SINGLETON_PK, keys_required=True).exists()
+    )
+
+
+def set_keys_required(
+    required: bool, who: str, source: str = SettingsChange.SOURCE_ADMIN, *, follow: bool = True
+) -> bool:
+    """Store whether keys are required, with a change-log row and a log line when it
+    changes; the running ring follows after the commit. Returns whether it changed.
+
+    Turning it off is for a staff member, on purpose (the admin refuses while a key is in
+    force); turning it on is also what the first key in force does (:func:`reload`)."""
+    with transaction.atomic():
+        record, _ = AccessControl.objects.select_for_update().get_or_create(
+            pk=AccessControl.SINGLETON_PK
+        )
+        if record.keys_required == required:
+            return False
+        record.keys_required = required
+        record.changed_by = who[:150]
+        record.save()
+        SettingsChange.objects.create(
+            who=who[:150], field=AccessControl.FIELD, old=not required, new=required, source=source
+        )
+    if required:
+        log.info("API keys required from now on", extra={"action": "access_control", "who": who})
+    else:
+        log.warning(
+            "access control turned off: the API is open to every caller",
+            extra={"action": "access_control", "who": who},
+        )
+    if follow:  # the running ring, once the change is committed
+        transaction.on_commit(reload, robust=True)
+    return True
 
 
 def reload(ring: KeyRing | None = None) -> dict[str, ApiKey] | None:
@@ -64,13 +113,44 @@ def reload(ring: KeyRing | None = None) -> dict[str, ApiKey] | None:
             return None
         ring = runtime.current().keys
     keys = issued_keys()
+    stored = keys_required()
+    if not stored and (keys or ring.has_config_keys):  # the first key: keys stay from now on
+        if keys:
+            who = f"issued API key {min(k.name for k in keys.values())}"
+            source = SettingsChange.SOURCE_ADMIN
+        else:
+            who, source = "config file apiKeys", SettingsChange.SOURCE_CONFIG
+        set_keys_required(True, who, source, follow=False)
+        stored = True
+    # The stored state first, so the ring's own "a key arrived" hook does not fire here.
+    ring.set_required(stored)
     ring.set_admin_keys(keys)
     return keys
+
+
+def _persist_required() -> None:
+    """The ring's ``on_required`` hook (a config reload brought the first key): stored from
+    a thread of its own, as the hook is called on the event loop."""
+
+    def store() -> None:
+        close_old_connections()
+        try:
+            set_keys_required(
+                True, "config file apiKeys (reload)", SettingsChange.SOURCE_CONFIG, follow=False
+            )
+        except DatabaseError:
+            log.warning("API keys required, but not stored: a restart may open the box", exc_info=True)
+        finally:
+            close_old_connections()
+
+    threading.Thread(target=store, name="llamaswap-keys-required", daemon=True).start()
 
 
 def reload_at_start() -> None:
     """:func:`reload` for ``serve``: without the table yet (no ``migrate``), log and go on
     with the config's keys only."""
+    if runtime.is_running():
+        runtime.current().keys.on_required = _persist_required
     try:
         keys = reload()
     except DatabaseError as error:

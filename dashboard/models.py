@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from django.db import models
 
-from scheduler.keys import KeyPolicy
+from scheduler.keys import DEFAULT_SCOPES, KeyPolicy, Scope
+
+SCOPE_CHOICES = [
+    (Scope.INFERENCE.value, "inference: the OpenAI endpoints, /v1/models, /running, /upstream"),
+    (Scope.MODELS.value, "models: unload models (/unload, /api/models/unload)"),
+    (Scope.PROFILES.value, "profiles: switch the active profile for everyone"),
+    (Scope.OPERATOR.value, "operator: /api/queue, /logs, the activity log API"),
+    (Scope.METRICS.value, "metrics: /metrics (a Prometheus scraper)"),
+]
 
 
 class SchedulerSettingsRecord(models.Model):
@@ -93,7 +101,7 @@ class SettingsChange(models.Model):
     who = models.CharField(max_length=150)
     field = models.CharField(max_length=100)
     """The config key name: use, agingDivisor, swapAffinityBonus, agingCap, bandShare,
-    fifoPriority."""
+    fifoPriority; also profile (dashboard/profiles.py) and accessControl (AccessControl)."""
     old = models.JSONField(null=True)
     new = models.JSONField(null=True)
     source = models.CharField(
@@ -133,6 +141,11 @@ class IssuedKey(models.Model):
     priority_offset = models.BigIntegerField(
         "priority offset", default=0, help_text="Added after the ceiling."
     )
+    scopes = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="What the key may reach (scheduler.keys.Scope names); empty: inference only.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=150, blank=True, default="")
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -151,3 +164,43 @@ class IssuedKey(models.Model):
             ceiling=self.priority_ceiling,
             offset=self.priority_offset or 0,
         )
+
+    @property
+    def scope_set(self) -> frozenset[Scope]:
+        """The stored scopes; none (or only names this version does not know): inference."""
+        known = {s.value for s in Scope}
+        granted = frozenset(Scope(name) for name in self.scopes or () if name in known)
+        return granted or DEFAULT_SCOPES
+
+
+class AccessControl(models.Model):
+    """Whether API keys are required: one row (pk 1), so a restart keeps it.
+
+    Turned on by the first key in force (one issued here, or the config's ``apiKeys`` at a
+    start or reload: dashboard/keys.py) and kept on when the last key is revoked, deleted
+    or removed from the config: then every key-needing path refuses everyone but staff
+    sessions. Only a staff member turns it off, in the admin; each change is a
+    :class:`SettingsChange` row (field ``accessControl``) and a log line."""
+
+    SINGLETON_PK = 1
+    FIELD = "accessControl"
+    """The ``SettingsChange.field`` of a change."""
+
+    keys_required = models.BooleanField(
+        "API keys required",
+        default=False,
+        help_text=(
+            "On: every API path needs a key granted its scope, or a staff login, even "
+            "when no key is in force. Off opens the API to everyone: possible only while "
+            "no key is in force (no config apiKeys, every issued key revoked)."
+        ),
+    )
+    changed_at = models.DateTimeField(auto_now=True)
+    changed_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        verbose_name = "access control"
+        verbose_name_plural = "access control"
+
+    def __str__(self) -> str:
+        return "API keys required" if self.keys_required else "API keys not required"

@@ -4,11 +4,11 @@ audit trail.
 * ``GET /api/profiles``: ``{"active": name | null, "profiles": [{id, description, pins}]}``.
 * ``PUT /api/profiles/active`` with ``{"name": "<id>"}`` or ``{"name": null}`` (none):
   ``{"active": ...}``; 404 for an unknown profile. llama-swap's paths and bodies. Like the
-  other state-changing endpoints: with API keys configured it needs one or a staff
-  member's session (``llamaswap_site.asgi``), and a browser page of another site is
-  refused (keys or not).
+  other state-changing endpoints: with API keys required it needs a key granted the
+  ``profiles`` scope or a staff member's session (``llamaswap_site.asgi``), and a browser
+  page of another site is refused (keys or not).
 * The dashboard's control (``POST /dashboard/profile/``, a form with the CSRF token): staff
-  members only.
+  members only (a staff login has every scope).
 
 Every change is a :class:`dashboard.models.SettingsChange` row (field ``profile``, old and
 new, who: the staff member or the API key's name), as admin settings edits are. As in
@@ -30,6 +30,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from proxy.errors import cross_origin_refused, echo, error_page, error_response
 from scheduler import runtime
+from scheduler.keys import Scope, missing_scope_message
 
 log = logging.getLogger("llamaswap.settings")
 
@@ -121,6 +122,12 @@ async def active_profile_api(request: HttpRequest) -> HttpResponse:
     scope = getattr(request, "scope", None) or {}
     key = scope.get("llamaswap.api_key")
     if key is not None:
+        if not key.allows(Scope.PROFILES):  # the router refuses it first; kept beside the act
+            return error_response(
+                403,
+                missing_scope_message(Scope.PROFILES, request.path, key.name),
+                code="insufficient_scope",
+            )
         who = f"API key {key.name}"
     else:
         user = await request.auser()

@@ -1,17 +1,26 @@
 """The what-if page: replay a window of the recorded history under the settings in
 effect and up to three candidates, side by side with what happened; and the advisor.
 
-The replay runs in one worker thread (never on the event loop, never two at once), and
-its result is cached per window, candidates, settings and the rows in the window (their
-count and last id), so a page reload is free and a new request recorded in the window
-computes afresh. While it runs the page says so and reloads itself. 100,000 records take
-a few seconds per column (BENCHMARKS.md).
+The replay runs in one worker thread (never on the event loop, never two at once, at a
+lower OS priority than the server's other threads), and its result is cached per window,
+candidates, settings and the rows in the window (their count and last id), so a page
+reload is free and a new request recorded in the window computes afresh. While it runs
+the page says so and reloads itself. 100,000 records take a few seconds per column
+(BENCHMARKS.md).
+
+The work is bounded (docs/dashboard.md, "Bounds"): at most :data:`MAX_PENDING` replays
+queued or running in all, at most :data:`MAX_PENDING_PER_CLIENT` of them started by one
+client (its login, else its address); identical requests share one computation; a request
+over a bound is answered at once with a 429 page and ``Retry-After``. The cache keeps
+:data:`CACHE_SIZE` pages and at most :data:`CACHE_DISPATCHES` replayed jobs in all.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import sys
 import threading
 import time as clock
 from collections import OrderedDict
@@ -56,7 +65,19 @@ log = logging.getLogger("llamaswap.whatif")
 MAX_CANDIDATES = 3
 DEFAULT_WINDOW = timedelta(days=1)
 CACHE_SIZE = 16
+CACHE_DISPATCHES = 500_000
+"""Replayed jobs (columns x requests) the cache keeps in all: ~100 MB."""
+FAILED_SIZE = 16
+MAX_PENDING = 4
+"""Replays queued or running at once, from everyone."""
+MAX_PENDING_PER_CLIENT = 2
+"""Replays queued or running at once that one client started."""
+WORKER_NICE = 10
+"""How much lower the worker thread's OS priority is (Linux: per thread)."""
+REPLAY_SWITCH_INTERVAL = 0.0005
+"""The interpreter's thread switch interval while a replay runs (seconds)."""
 REFRESH_SECONDS = 2
+RETRY_MAX_SECONDS = 60
 EXAMPLES = ("agingCap=100,swapAffinityBonus=30,bandShare.batch=0.2", "agingDivisor=600", "use=fifo")
 
 
@@ -126,11 +147,25 @@ def compute(
 
 # -- the worker and the cache ------------------------------------------------------------
 
+
+@dataclass(frozen=True)
+class Busy:
+    """A replay refused because a bound is reached: say why, and when to come back."""
+
+    reason: str
+    retry_after: int
+
+
 _lock = threading.Lock()
 _cache: OrderedDict[tuple[Any, ...], WhatIf] = OrderedDict()
-_running: dict[tuple[Any, ...], Future[WhatIf]] = {}
-_failed: dict[tuple[Any, ...], str] = {}
+_running: dict[tuple[Any, ...], Future[WhatIf] | None] = {}
+"""Replays queued or running (None: being handed to the worker)."""
+_owners: dict[tuple[Any, ...], str] = {}
+"""Who started each replay in ``_running``."""
+_failed: OrderedDict[tuple[Any, ...], str] = OrderedDict()
 _executor: ThreadPoolExecutor | None = None
+_last_seconds = 0.0
+"""How long the last replay took (for ``Retry-After``)."""
 
 
 def _submit(fn: Callable[[], WhatIf]) -> Future[WhatIf]:
@@ -146,29 +181,79 @@ def _in_worker(fn: Callable[[], WhatIf]) -> WhatIf:
     request's is), never the caller's."""
     from django.db import close_old_connections
 
+    _lower_priority()
+    # The replay is pure Python and holds the GIL: the event loop thread waits up to the
+    # switch interval (5 ms) each time it wakes. A shorter interval while a replay runs
+    # bounds that wait (chat p50 through the server: see docs/dashboard.md, "Bounds").
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(min(switch, REPLAY_SWITCH_INTERVAL))
     try:
         return fn()
     finally:
+        sys.setswitchinterval(switch)
         close_old_connections()
 
 
+def _lower_priority() -> None:
+    """Run this thread at nice +:data:`WORKER_NICE` (Linux sets niceness per thread), so
+    that model servers and the other processes on a busy box come first. Once per thread;
+    where it is not possible, the replay runs at the server's priority."""
+    if getattr(_worker_state, "niced", False):
+        return
+    _worker_state.niced = True
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + WORKER_NICE)
+    except (AttributeError, OSError) as error:
+        log.info("what-if worker keeps the server's priority: %s", error)
+
+
+_worker_state = threading.local()
+
+
+def _weight(result: WhatIf) -> int:
+    return max(1, result.requests) * len(result.results)
+
+
 def _done(key: tuple[Any, ...], future: Future[WhatIf]) -> None:
+    global _last_seconds
     with _lock:
         _running.pop(key, None)
+        _owners.pop(key, None)
+        if future.cancelled():
+            return
         error = future.exception()
         if error is not None:
             log.warning("what-if replay failed", exc_info=error)
             _failed[key] = str(error) or type(error).__name__
+            while len(_failed) > FAILED_SIZE:
+                _failed.popitem(last=False)
             return
-        _cache[key] = future.result()
+        result = future.result()
+        _last_seconds = result.seconds
+        _cache[key] = result
         _cache.move_to_end(key)
-        while len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
+        # The newest page stays, whatever its size: it is the one being looked at.
+        weight = sum(_weight(r) for r in _cache.values())
+        while len(_cache) > 1 and (len(_cache) > CACHE_SIZE or weight > CACHE_DISPATCHES):
+            weight -= _weight(_cache.popitem(last=False)[1])
+    log.info(
+        "what-if replay done",
+        extra={"action": "whatif", "requests": result.requests, "seconds": round(result.seconds, 3)},
+    )
 
 
-def lookup_or_start(key: tuple[Any, ...], fn: Callable[[], WhatIf]) -> WhatIf | str | None:
+def _retry_after(pending: int) -> int:
+    """Seconds until a slot is likely free: the last replay's time for each pending one."""
+    return max(REFRESH_SECONDS, min(RETRY_MAX_SECONDS, math.ceil(_last_seconds * pending)))
+
+
+def lookup_or_start(
+    key: tuple[Any, ...], fn: Callable[[], WhatIf], client: str = ""
+) -> WhatIf | str | Busy | None:
     """The cached result; or an error message; or None after starting (or while
-    running) the computation."""
+    running: identical requests share it) the computation; or :class:`Busy` when
+    ``client`` (or everyone) has as many replays pending as allowed."""
     with _lock:
         if key in _cache:
             _cache.move_to_end(key)
@@ -177,10 +262,31 @@ def lookup_or_start(key: tuple[Any, ...], fn: Callable[[], WhatIf]) -> WhatIf | 
             return _failed.pop(key)
         if key in _running:
             return None
+        if len(_running) >= MAX_PENDING:
+            return Busy(
+                f"{len(_running)} replays are waiting for the what-if worker "
+                f"(at most {MAX_PENDING} at once)",
+                _retry_after(len(_running)),
+            )
+        mine = sum(1 for owner in _owners.values() if owner == client)
+        if mine >= MAX_PENDING_PER_CLIENT:
+            return Busy(
+                f"{mine} replays you asked for are still running "
+                f"(at most {MAX_PENDING_PER_CLIENT} per client)",
+                _retry_after(len(_running)),
+            )
+        _running[key] = None  # the slot is taken before the worker is asked
+        _owners[key] = client
 
-    future = _submit(fn)
+    try:
+        future = _submit(fn)
+    except BaseException:
+        with _lock:
+            _running.pop(key, None)
+            _owners.pop(key, None)
+        raise
     with _lock:
-        if not future.done():
+        if key in _running:
             _running[key] = future
     future.add_done_callback(lambda f: _done(key, f))
     with _lock:
@@ -199,6 +305,15 @@ def clear() -> None:
     with _lock:
         _cache.clear()
         _failed.clear()
+
+
+def client_of(request: HttpRequest) -> str:
+    """Whose replay this is, for :data:`MAX_PENDING_PER_CLIENT`: the login, else the
+    address (behind a reverse proxy every anonymous user shares the proxy's)."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return f"user:{user.pk}"
+    return f"address:{request.META.get('REMOTE_ADDR', '')}"
 
 
 # -- charts --------------------------------------------------------------------------------
@@ -314,10 +429,17 @@ def whatif(request: HttpRequest) -> HttpResponse:
         context["empty"] = True
         return render(request, "dashboard/whatif.html", context)
     key = (since, until, tuple(text for text, _ in candidates), repr(current.as_dict()), stamp)
-    outcome = lookup_or_start(key, lambda: compute(since, until, candidates, current))
+    outcome = lookup_or_start(
+        key, lambda: compute(since, until, candidates, current), client_of(request)
+    )
     if outcome is None:
         context.update(computing=True, refresh=REFRESH_SECONDS, records=stamp[0])
         return render(request, "dashboard/whatif.html", context)
+    if isinstance(outcome, Busy):
+        context.update(busy=outcome.reason, refresh=outcome.retry_after)
+        response = render(request, "dashboard/whatif.html", context, status=429)
+        response["Retry-After"] = str(outcome.retry_after)
+        return response
     if isinstance(outcome, str):
         context["failed"] = outcome
         return render(request, "dashboard/whatif.html", context, status=500)

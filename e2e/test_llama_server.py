@@ -213,7 +213,9 @@ def test_priority_order_under_load(llamaswap):
 
 
 def test_four_concurrent_streams_on_a_parallel_4_model(llamaswap):
-    swap = llamaswap({"tiny-p": ["tiny-a", "-c", "2048", "--parallel", "4"]})
+    # /slots is an operator endpoint: upstream.allowPaths must name it (not in the default).
+    allow = {"upstream": {"allowPaths": ["^/props$", "^/slots$", "^/v1/"]}}
+    swap = llamaswap({"tiny-p": ["tiny-a", "-c", "2048", "--parallel", "4"]}, allow)
     r = httpx.get(swap.url + "/upstream/tiny-p/props", timeout=60)
     assert r.status_code == 200 and r.json()["total_slots"] == 4, r.text
     slots = httpx.get(swap.url + "/upstream/tiny-p/slots", timeout=60)

@@ -3,7 +3,9 @@
 It speaks enough of llama-server's HTTP surface for a proxy to be tested against it:
 ``GET /health`` (503 while "loading", then 200), ``GET /v1/models``, OpenAI-shaped
 ``POST /v1/chat/completions``, ``/v1/completions``, llama.cpp's native ``/completion``,
-``/v1/embeddings`` and multipart ``/v1/audio/transcriptions``; any other POST is echoed.
+``/v1/embeddings`` and multipart ``/v1/audio/transcriptions``, ``GET /slots`` (the last
+request received, headers and body: what llama-server's shows of other clients); any other
+POST is echoed.
 
 Test controls, read from the JSON body (real servers ignore unknown fields) or, when the body
 does not have them, from ``X-Fake-*`` headers (``X-Fake-Delay``, ``X-Fake-Tokens``, ...):
@@ -331,6 +333,10 @@ async def route(
         return await ex.send_json(200, {"status": "ok"})
     if path in ("/v1/models", "/models") and method == "GET":
         return await ex.send_json(200, models_body(state))
+    if path == "/slots" and method == "GET":
+        # llama-server's operator endpoint: what each slot holds, other clients' prompts too.
+        last = next((r for r in reversed(state.requests) if r["path"] != "/slots"), None)
+        return await ex.send_json(200, [{"id": 0, "is_processing": False, "last": last}])
     if method != "POST":
         return await ex.send_json(404, error_body(404, "File Not Found"))
 

@@ -40,7 +40,7 @@ from django.urls import set_script_prefix  # noqa: E402
 
 from proxy.urls import PROXY_EXACT, PROXY_PREFIXES  # noqa: E402
 from scheduler import runtime  # noqa: E402
-from scheduler.keys import presented_key  # noqa: E402
+from scheduler.keys import Scope, missing_scope_message, presented_key  # noqa: E402
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -279,11 +279,47 @@ KEY_PREFIXES = (*PROXY_PREFIXES, "/v1/", "/api/", "/upstream/", "/logs/")
 (``/api/metrics/activity``, ``/api/requests/...``), and anything else under the API
 prefixes (an unknown path's 404 included). Pages (dashboard, admin) need a Django login
 instead; ``/static/`` is open."""
-SESSION_PATHS = frozenset({"/logs", "/logs/stream", "/api/profiles", "/api/profiles/active"})
-"""Also open to a staff member's Django session (the logs are an operator's view; the
-profile switch is an operator's act, recorded with their name: dashboard/profiles.py)."""
 API_KEY_SCOPE = "llamaswap.api_key"
 """Where a request's :class:`scheduler.keys.ApiKey` is put in the ASGI scope."""
+
+PATH_SCOPES: dict[str, Scope] = {
+    **{path: Scope.INFERENCE for path in PROXY_EXACT},
+    "/v1": Scope.INFERENCE,
+    "/api": Scope.INFERENCE,
+    "/upstream": Scope.INFERENCE,
+    "/api/profiles": Scope.INFERENCE,  # reading which pins apply, as /v1/models shows them
+    "/unload": Scope.MODELS,
+    "/api/models/unload": Scope.MODELS,
+    "/api/profiles/active": Scope.PROFILES,  # PUT: switches it for everyone
+    "/api/queue": Scope.OPERATOR,
+    "/logs": Scope.OPERATOR,
+    "/logs/stream": Scope.OPERATOR,
+    "/api/metrics/activity": Scope.OPERATOR,
+    "/metrics": Scope.METRICS,
+}
+"""The one table of what each key-needing path needs (every method of a path does one
+thing: ``GET /api/profiles`` reads, ``PUT /api/profiles/active`` switches). Paths are
+matched exactly, then without trailing slashes, then by :data:`PREFIX_SCOPES`; anything
+else under the key prefixes (a 404) needs ``inference``, what every default key has.
+``/health``, ``/favicon.ico`` and static files need nothing (:data:`EXEMPT`)."""
+PREFIX_SCOPES: tuple[tuple[str, Scope], ...] = (
+    ("/api/models/unload", Scope.MODELS),
+    ("/api/requests/", Scope.OPERATOR),  # a request's prompt, key name and decision
+    ("/logs/", Scope.OPERATOR),
+    ("/upstream/", Scope.INFERENCE),
+)
+
+
+def required_scope(path: str) -> Scope:
+    """The scope ``path`` needs (:data:`PATH_SCOPES`): dict lookups, no scan but the four
+    prefixes."""
+    scope = PATH_SCOPES.get(path) or PATH_SCOPES.get(path.rstrip("/") or "/")
+    if scope is not None:
+        return scope
+    for prefix, scope in PREFIX_SCOPES:
+        if path.startswith(prefix):
+            return scope
+    return Scope.INFERENCE
 
 
 def needs_key(path: str) -> bool:
@@ -344,12 +380,15 @@ async def access_refusal(scope):
     """The response that refuses this request before any handler, or None.
 
     1. The Host header must be allowed (DNS rebinding): 400 ``invalid_host``.
-    2. With API keys configured, the API paths (:func:`needs_key`) need a valid one
-       (one hash, one dict lookup): else 401 ``invalid_api_key`` with a Basic challenge.
-       ``/logs`` and ``/logs/stream`` also take a staff session. The key found is put
-       in ``scope["llamaswap.api_key"]`` (the relay applies its priority rule).
+    2. With API keys required (:attr:`scheduler.keys.KeyRing.enabled`: a key in force, or
+       the box stays keyed), the API paths (:func:`needs_key`) need a valid key (one
+       hash, one dict lookup) granted the path's scope (:func:`required_scope`), or a
+       staff member's session, which has every scope: else 401 ``invalid_api_key`` (no
+       or an unknown key) or 403 ``insufficient_scope`` naming the scope the key lacks.
+       The key found is put in ``scope["llamaswap.api_key"]`` (the relay applies its
+       priority rule).
     """
-    from proxy.errors import invalid_api_key, invalid_host
+    from proxy.errors import bare, error_response, invalid_api_key, invalid_host
 
     path = scope["path"]
     ok, host = host_allowed(scope)
@@ -360,12 +399,48 @@ async def access_refusal(scope):
         return None
     presented = presented_key(scope.get("headers", ()))
     api_key = keys.lookup(presented)
-    if api_key is not None:
+    needed = required_scope(path)
+    if api_key is not None and api_key.allows(needed):
         scope[API_KEY_SCOPE] = api_key
         return None
-    if path in SESSION_PATHS and await staff_session(scope):
+    # Asked only once a key fails: a key holder's request never costs a session query.
+    if await staff_session(scope):
         return None
+    if api_key is not None:
+        log.info(
+            "API key refused: scope missing",
+            extra={"api_key": api_key.name, "scope": needed.value, "path": bare(path)},
+        )
+        return error_response(
+            403, missing_scope_message(needed, bare(path), api_key.name), code="insufficient_scope"
+        )
     return invalid_api_key(presented is not None)
+
+
+def cross_site_refusal(scope):
+    """403 ``cross_origin_refused`` for a browser request from another site to an API path
+    (:func:`needs_key`: inference, ``/upstream``, ``/api/...``, ``/logs...``, ``/metrics``,
+    ...), keys or not, or None. Checked first (before the key: the same 403 whatever the
+    credential, and no key hashed nor session read for it), so such a request never
+    takes a turn; the rule is ``proxy.views.cross_site`` with the config's
+    ``security.cors.allowedOrigins``. A request with neither ``Origin`` nor
+    ``Sec-Fetch-Site`` (curl, SDKs) costs one pass over its headers."""
+    origin = fetch_site = None
+    host = ""
+    for name, value in scope.get("headers", ()):
+        if name == b"origin":
+            origin = value.decode("latin-1")
+        elif name == b"sec-fetch-site":
+            fetch_site = value.decode("latin-1")
+        elif name == b"host":
+            host = value.decode("latin-1")
+    if origin is None and fetch_site is None or not needs_key(scope["path"]):
+        return None
+    from proxy.errors import cross_origin_refused
+    from proxy.views import cross_site, current_security
+
+    reason = cross_site(origin, fetch_site, host, current_security())
+    return None if reason is None else cross_origin_refused(reason)
 
 
 def _refuse_websocket(app):
@@ -389,7 +464,7 @@ def _build():
     proxy = ProxyHandler()
 
     async def http(scope, receive, send):
-        refusal = await access_refusal(scope)
+        refusal = cross_site_refusal(scope) or await access_refusal(scope)
         if refusal is not None:
             await proxy.send_response(refusal, send)
             _close(refusal)

@@ -12,7 +12,9 @@ Some requests are answered before Django sees them:
   non-ASCII path or query, and an application that raised, with an HTML page.
 
 :func:`install` replaces those three methods so that each answer is an OpenAI-shaped JSON
-error that names the problem (daphne's HTML page stays for dashboard pages).
+error that names the problem (daphne's HTML page stays for dashboard pages), and
+daphne's ``WebRequest.handle_reply`` so that a HEAD response has no body (see
+:func:`_handle_reply`).
 ``manage.py serve`` calls it before the server starts. These are private Twisted names:
 ``tests/test_http_errors.py`` checks through a real server that every hook is installed
 and reached, so a Twisted or daphne upgrade that moves one fails that test instead of
@@ -22,10 +24,16 @@ skipped: the server still runs, with the stock answer.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import fcntl
 import logging
+import os
+import struct
 import sys
+import termios
 import time
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -49,6 +57,7 @@ def install() -> list[str]:
         (HTTPChannel, "_respondToBadRequestAndDisconnect", _bad_request),
         (HTTPChannel, "lineLengthExceeded", _line_too_long),
         (WebRequest, "basic_error", _basic_error),
+        (WebRequest, "handle_reply", _handle_reply),
     ):
         current = getattr(cls, name, None)
         if current is replacement:
@@ -182,6 +191,24 @@ def _basic_error(request: Any, status: int, status_text: bytes, body: str) -> No
     request.handle_reply({"type": "http.response.body", "body": error_body(status, message, code)})
 
 
+def _handle_reply(request: Any, message: dict[str, Any]) -> None:
+    """``WebRequest.handle_reply``, without a body for HEAD, for every handler.
+
+    Twisted drops a HEAD response's body by replacing the request's ``write`` once the
+    headers are out, but daphne writes through ``http.Request.write(self, ...)``, the
+    class's method: every body message after the first (Django sends 64 KB each) went out
+    after the headers, and a keep-alive client or a pooling proxy read those bytes as the
+    next response (response splitting). The headers stay those of the GET, as HTTP wants
+    (Content-Length included)."""
+    if (
+        request.method == b"HEAD"
+        and message.get("body")
+        and message.get("type") == "http.response.body"
+    ):
+        message = {**message, "body": b""}
+    _ORIGINALS["handle_reply"](request, message)
+
+
 # -- Twisted: clients that are too slow, or send too much ----------------------------------
 #
 # Twisted reads a whole request (headers and body, the body into a file) before daphne
@@ -197,11 +224,14 @@ def install_limits(limits: Any) -> bool:
     """Apply ``limits`` to every connection daphne accepts from now on: the request line
     and headers within ``header_timeout``, the body within ``body_timeout``, no pause over
     ``body_idle_timeout`` (also the idle time of a kept-alive connection), and no body over
-    ``max_body_bytes`` (answered 413 before it is read). Returns False, logged, when the
-    daphne hook is gone (the server runs with Twisted's defaults)."""
+    ``max_body_bytes`` (answered 413 before it is read). A response waits while its client
+    takes none of it (:func:`_install_backpressure`), at most ``send_idle_timeout``.
+    Returns False, logged, when the daphne hook is gone (the server runs with Twisted's
+    defaults)."""
     from daphne.http_protocol import HTTPFactory
 
     _LIMITS[:] = [limits]
+    _install_backpressure()
     current = HTTPFactory.__dict__.get("buildProtocol")
     if current is None:
         log.warning("cannot apply request limits: daphne's HTTPFactory.buildProtocol is gone")
@@ -259,13 +289,48 @@ def _guarded(channel_class: type) -> type:
 
 _ACTIVE: set[Any] = set()
 """Guarded connections inside a request's headers or body, each with a deadline."""
+_STALLED: set[Any] = set()
+"""Guarded connections whose client takes no response data (Twisted's send buffer full)."""
 _SWEEPER: list[Any] = []
 """The armed sweep (a Twisted DelayedCall), while there is something to watch."""
 
 
+def _install_backpressure() -> bool:
+    """Make the application's ``send`` of a response body wait while its client takes no
+    data: daphne registers no producer for a request, so Twisted buffered whatever the
+    application wrote, without limit (a client that opened ``/logs/stream`` or a stream
+    of tokens and never read made the server hold all of it). Twisted tells the channel
+    (:class:`_GuardMixin`) when its send buffer is over 64 KB and when it drained; while
+    it is full, the next body message waits here, so what one connection holds is that
+    buffer and one message. A client that takes nothing for ``limits.sendIdleTimeout``
+    is cut off (:func:`_sweep`): the application's ``receive`` then says disconnect, as
+    when the client hangs up. Returns False, logged, when daphne's hook is gone."""
+    from daphne.server import Server
+
+    current = Server.__dict__.get("handle_reply")
+    if current is None:
+        log.warning("cannot hold responses for slow readers: daphne's Server.handle_reply is gone")
+        return False
+    if getattr(current, "_llamaswap", False):
+        return True
+    _ORIGINALS["Server.handle_reply"] = current
+
+    async def handle_reply(self: Any, protocol: Any, message: dict[str, Any]) -> None:
+        if message.get("type") == "http.response.body":
+            channel = getattr(protocol, "channel", None)
+            if getattr(channel, "_ls_stalled_at", 0.0):
+                await channel._ls_writable()  # type: ignore[union-attr]
+        await current(self, protocol, message)
+
+    handle_reply._llamaswap = True  # type: ignore[attr-defined]
+    Server.handle_reply = handle_reply
+    return True
+
+
 def _sweep_interval() -> float:
     limits = _LIMITS[0]
-    shortest = min((t for t in (limits.header_timeout, limits.body_timeout) if t), default=30.0)
+    timeouts = (limits.header_timeout, limits.body_timeout, limits.send_idle_timeout)
+    shortest = min((t for t in timeouts if t), default=30.0)
     return max(0.05, min(1.0, shortest / 5))
 
 
@@ -283,7 +348,10 @@ def _sweep() -> None:
     now = time.monotonic()
     for channel in [c for c in _ACTIVE if c._ls_deadline <= now]:
         channel._ls_expired()
-    if _ACTIVE:
+    cutoff = now - _LIMITS[0].send_idle_timeout
+    for channel in [c for c in _STALLED if c._ls_stalled_at <= cutoff]:
+        channel._ls_cut_stalled()
+    if _ACTIVE or _STALLED:
         _ensure_sweeper()
 
 
@@ -295,6 +363,11 @@ class _GuardMixin:
     _ls_phase = "idle"
     _ls_deadline = 0.0
     _ls_received = 0
+    _ls_stalled_at = 0.0
+    """When the client stopped taking response data (Twisted's send buffer over 64 KB);
+    0 while it reads."""
+    _ls_waiter: asyncio.Future[None] | None = None
+    """What the application's next body message awaits while the client is stalled."""
 
     def dataReceived(self, data: bytes) -> None:
         if self._ls_phase == "idle" and data:
@@ -340,7 +413,46 @@ class _GuardMixin:
 
     def connectionLost(self, reason: Any) -> None:
         _ACTIVE.discard(self)
+        self._ls_drained()
         super().connectionLost(reason)  # type: ignore[misc]
+
+    def pauseProducing(self) -> None:
+        # The transport calls this on every write while its buffer is over bufferSize:
+        # the first call starts the clock.
+        if not self._ls_stalled_at:
+            self._ls_stalled_at = time.monotonic()
+            if _LIMITS[0].send_idle_timeout:
+                _STALLED.add(self)
+                _ensure_sweeper()
+        super().pauseProducing()  # type: ignore[misc]
+
+    def resumeProducing(self) -> None:
+        self._ls_drained()
+        super().resumeProducing()  # type: ignore[misc]
+
+    def _ls_drained(self) -> None:
+        """The client took the buffered data (or is gone): a waiting send goes on."""
+        self._ls_stalled_at = 0.0
+        _STALLED.discard(self)
+        waiter = self._ls_waiter
+        if waiter is not None:
+            self._ls_waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _ls_writable(self) -> None:
+        """Until the client took what is buffered, or the connection is gone."""
+        waiter = self._ls_waiter
+        if waiter is None or waiter.done():
+            waiter = self._ls_waiter = asyncio.get_running_loop().create_future()
+        await waiter
+
+    def _ls_cut_stalled(self) -> None:
+        seconds = _LIMITS[0].send_idle_timeout
+        self._ls_log(f"took no response data for {seconds:g}s", "limits.sendIdleTimeout")
+        _STALLED.discard(self)
+        # abortConnection, not loseConnection: that would wait to send the buffer first.
+        self.transport.abortConnection()  # type: ignore[attr-defined]
 
     def timeoutConnection(self) -> None:
         if self._ls_phase in ("headers", "body"):
@@ -431,3 +543,249 @@ def _twisted_request_source() -> str:
     from twisted.web.http import Request
 
     return inspect.getsource(Request)
+
+
+# -- websockets: clients that flood, and clients that do not read --------------------------
+#
+# daphne puts every incoming frame into the application's unbounded asyncio queue
+# (``WebSocketProtocol.onMessage``), and whatever the application sends is written into
+# Twisted's buffer, which grows without limit while the client does not read. Both are
+# bounded here, per connection, by switching daphne's websocket protocol class for a
+# subclass (:func:`install_websocket_limits`). The only websocket is the dashboard's, whose
+# every message is a whole state (a snapshot or an update): a newer one supersedes an
+# older one, so a send may be replaced while the previous one has not drained.
+
+WS_POLICY_VIOLATION = 1008
+"""The close code for a client over its message budget (RFC 6455: policy violation)."""
+
+
+def _env_number(name: str, default: float) -> float:
+    """A positive number from the environment; a bad value is logged and the default kept."""
+    raw = os.getenv(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        log.warning("%s=%r is not a positive number: using %g", name, raw, default)
+        return default
+    return value
+
+
+@dataclass(frozen=True)
+class WebsocketLimits:
+    """Per-connection websocket bounds (docs/dashboard.md, "Bounds"). The dashboard sends
+    one ``refresh`` after a gap; a hundred in a second is a flood."""
+
+    messages_per_second: float = 10.0
+    """Incoming messages refilled per second into a bucket of ``burst_messages``."""
+    burst_messages: int = 50
+    bytes_per_second: float = 64 * 1024
+    """Incoming payload bytes refilled per second into a bucket of ``burst_bytes``."""
+    burst_bytes: int = 256 * 1024
+    max_message_bytes: int = 64 * 1024
+    """A larger message or frame is refused by autobahn (close 1009) before it is kept."""
+    send_backlog_bytes: int = 256 * 1024
+    """Bytes waiting in Twisted's buffer above which a send waits, replaced by newer ones."""
+    stall_timeout: float = 30.0
+    """Seconds the backlog may stay above ``send_backlog_bytes`` before the connection is
+    dropped (the client reads nothing, or too little to be served)."""
+
+    @classmethod
+    def from_env(cls) -> WebsocketLimits:
+        """The defaults, each overridable by a ``DASHBOARD_WS_*`` environment variable."""
+        d = cls()
+        return cls(
+            messages_per_second=_env_number("DASHBOARD_WS_MESSAGES_PER_SECOND", d.messages_per_second),
+            burst_messages=int(_env_number("DASHBOARD_WS_BURST_MESSAGES", d.burst_messages)),
+            bytes_per_second=_env_number("DASHBOARD_WS_BYTES_PER_SECOND", d.bytes_per_second),
+            burst_bytes=int(_env_number("DASHBOARD_WS_BURST_BYTES", d.burst_bytes)),
+            max_message_bytes=int(_env_number("DASHBOARD_WS_MAX_MESSAGE_BYTES", d.max_message_bytes)),
+            send_backlog_bytes=int(_env_number("DASHBOARD_WS_SEND_BACKLOG_BYTES", d.send_backlog_bytes)),
+            stall_timeout=_env_number("DASHBOARD_WS_STALL_SECONDS", d.stall_timeout),
+        )
+
+
+_WS_LIMITS: list[WebsocketLimits] = []
+"""The websocket limits in force (one element once :func:`install_websocket_limits` ran)."""
+WS_FLUSH_INTERVAL = 0.05
+"""How often a connection holding a replaced send looks whether its backlog drained."""
+
+
+def install_websocket_limits(limits: WebsocketLimits | None = None) -> bool:
+    """Bound every websocket daphne accepts from now on (``limits``, else
+    :meth:`WebsocketLimits.from_env`). Returns False, logged, when daphne's hooks are gone
+    (the server runs unbounded, as before). Idempotent."""
+    from daphne.ws_protocol import WebSocketFactory
+
+    _WS_LIMITS[:] = [limits or WebsocketLimits.from_env()]
+    current = WebSocketFactory.protocol
+    if getattr(current, "_llamaswap", False):
+        return True
+    missing = [
+        name
+        for name in ("onMessage", "handle_reply", "check_timeouts", "sendCloseFrame")
+        if not callable(getattr(current, name, None))
+    ]
+    if missing:
+        log.warning("cannot bound websockets: daphne's %s is gone", ", ".join(missing))
+        return False
+    WebSocketFactory.protocol = type(
+        f"Guarded{current.__name__}", (_WebsocketGuard, current), {"_llamaswap": True}
+    )
+    return True
+
+
+def send_backlog(transport: Any) -> int:
+    """Bytes written to a connection that its client has not taken yet: what Twisted holds
+    (``FileDescriptor``'s buffers) plus what the kernel holds unacknowledged (``TIOCOUTQ``,
+    Linux). The kernel's share matters: on loopback it autotunes a send buffer of ~4 MB,
+    all of which a client that reads nothing leaves full. 0 for what cannot be read."""
+    try:
+        held = int(len(transport.dataBuffer) - transport.offset + transport._tempDataLen)
+    except (AttributeError, TypeError):
+        held = 0
+    outq = getattr(termios, "TIOCOUTQ", None)
+    if outq is not None:
+        try:
+            held += struct.unpack("i", fcntl.ioctl(transport.fileno(), outq, b"\0\0\0\0"))[0]
+        except (AttributeError, OSError, ValueError):
+            pass
+    return held
+
+
+class _WebsocketGuard:
+    """Budgets on one websocket (a daphne ``WebSocketProtocol``): a token bucket for
+    incoming messages and bytes, and at most one waiting send while the client lags."""
+
+    _ws_messages = 0.0
+    _ws_bytes = 0.0
+    _ws_refilled = 0.0
+    _ws_flooded = False
+    _ws_pending: dict[str, Any] | None = None
+    _ws_replaced = 0
+    _ws_flush: Any = None
+    _ws_stalled_since: float | None = None
+
+    def connectionMade(self) -> None:
+        super().connectionMade()  # type: ignore[misc]
+        limits = _WS_LIMITS[0]
+        # autobahn copied daphne's (1 MiB) options from the factory: ours win.
+        self.maxMessagePayloadSize = limits.max_message_bytes
+        self.maxFramePayloadSize = limits.max_message_bytes
+        self._ws_messages = float(limits.burst_messages)
+        self._ws_bytes = float(limits.burst_bytes)
+        self._ws_refilled = time.monotonic()
+
+    # -- inbound ----------------------------------------------------------------------
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        if self._ws_flooded:
+            return  # closing: what was already on the wire is dropped
+        limits = _WS_LIMITS[0]
+        now = time.monotonic()
+        elapsed = now - self._ws_refilled
+        self._ws_refilled = now
+        self._ws_messages = min(
+            limits.burst_messages, self._ws_messages + elapsed * limits.messages_per_second
+        ) - 1
+        self._ws_bytes = min(
+            limits.burst_bytes, self._ws_bytes + elapsed * limits.bytes_per_second
+        ) - len(payload)
+        if self._ws_messages < 0 or self._ws_bytes < 0:
+            self._ws_flooded = True
+            what = "messages" if self._ws_messages < 0 else "bytes"
+            self._ws_log(
+                f"websocket flood: over {limits.messages_per_second:g} messages/s "
+                f"(burst {limits.burst_messages}) or {limits.bytes_per_second:g} bytes/s "
+                f"(burst {limits.burst_bytes}): closed {WS_POLICY_VIOLATION}",
+                over=what,
+            )
+            self._ws_pending = None
+            self.sendCloseFrame(  # type: ignore[attr-defined]
+                code=WS_POLICY_VIOLATION, reasonUtf8=b"message rate over limit", isReply=False
+            )
+            return
+        super().onMessage(payload, isBinary)  # type: ignore[misc]
+
+    # -- outbound ---------------------------------------------------------------------
+
+    def handle_reply(self, message: dict[str, Any]) -> None:
+        if message.get("type") != "websocket.send":
+            super().handle_reply(message)  # type: ignore[misc]
+            return
+        state = self.state  # type: ignore[attr-defined]
+        if state in (self.STATE_CLOSING, self.STATE_CLOSED):  # type: ignore[attr-defined]
+            # Closing (a flood, a drop): autobahn would raise into the application for a
+            # message nobody will read; the disconnect reaches it next.
+            return
+        if state == self.STATE_OPEN and (self._ws_pending is not None or self._ws_lagging()):  # type: ignore[attr-defined]
+            # The previous sends have not drained: keep only the newest state.
+            if self._ws_pending is not None:
+                self._ws_replaced += 1
+            self._ws_pending = message
+            if self._ws_flush is None:
+                from twisted.internet import reactor
+
+                self._ws_flush = reactor.callLater(WS_FLUSH_INTERVAL, self._ws_try_flush)
+            return
+        super().handle_reply(message)  # type: ignore[misc]
+
+    def _ws_lagging(self) -> bool:
+        """Is the backlog over the mark? Starts (or ends) the stall clock."""
+        if send_backlog(self.transport) < _WS_LIMITS[0].send_backlog_bytes:  # type: ignore[attr-defined]
+            self._ws_stalled_since = None
+            return False
+        if self._ws_stalled_since is None:
+            self._ws_stalled_since = time.monotonic()
+        return True
+
+    def _ws_try_flush(self) -> None:
+        self._ws_flush = None
+        if self._ws_pending is None or self.state != self.STATE_OPEN:  # type: ignore[attr-defined]
+            self._ws_pending = None
+            return
+        if self._ws_lagging():
+            if not self._ws_stalled():
+                from twisted.internet import reactor
+
+                self._ws_flush = reactor.callLater(WS_FLUSH_INTERVAL, self._ws_try_flush)
+            return
+        message, self._ws_pending = self._ws_pending, None
+        super().handle_reply(message)  # type: ignore[misc]
+
+    def _ws_stalled(self) -> bool:
+        """Drop the connection when its backlog stayed over the mark too long."""
+        since = self._ws_stalled_since
+        limits = _WS_LIMITS[0]
+        if since is None or time.monotonic() - since < limits.stall_timeout:
+            return False
+        self._ws_log(
+            f"websocket client not reading: {send_backlog(self.transport)} bytes unsent "  # type: ignore[attr-defined]
+            f"for {limits.stall_timeout:g}s: dropped",
+            replaced=self._ws_replaced,
+        )
+        self._ws_pending = None
+        self.transport.abortConnection()  # type: ignore[attr-defined]
+        return True
+
+    def check_timeouts(self) -> None:
+        """daphne calls this every 2 s: a client that reads nothing is found even when
+        nothing more is being sent to it."""
+        if self.state == self.STATE_OPEN and self._ws_lagging() and self._ws_stalled():  # type: ignore[attr-defined]
+            return
+        super().check_timeouts()  # type: ignore[misc]
+
+    def connectionLost(self, reason: Any) -> None:
+        if self._ws_flush is not None and self._ws_flush.active():
+            self._ws_flush.cancel()
+        self._ws_flush = None
+        self._ws_pending = None
+        super().connectionLost(reason)  # type: ignore[misc]
+
+    def _ws_log(self, why: str, **extra: Any) -> None:
+        client = getattr(self, "client_addr", None)
+        where = f"{client[0]}:{client[1]}" if client else "?"
+        log.warning(why, extra={"client": where, "path": "websocket", **extra})

@@ -59,19 +59,29 @@ class Reloader:
         self._seen = fingerprint(config, config_dir)
 
     async def reload(self, reason: str) -> ReloadReport | None:
-        """Load the sources and put them in force; None when they have errors."""
+        """Load the sources and put them in force; None when they have errors.
+
+        Never raises (but for cancellation): it runs as a SIGHUP task and in the watcher,
+        where an exception would be lost ("Task exception was never retrieved") or end the
+        watching. Whatever goes wrong, the old config stays in force and the error is
+        logged and shown on the dashboard.
+        """
         async with self._lock:
             self._seen = fingerprint(self.config, self.config_dir)
             try:
                 new = await asyncio.to_thread(load_sources, self.config, self.config_dir)
+                new, source = await asyncio.to_thread(_with_stored_settings, new)
             except ConfigError as error:
-                self.status.error = f"{error}"
-                self.status.error_at = time.time()
-                log.error("config reload refused; the old config stays in force", extra={"reason": reason, "error": str(error)})
-                return None
-            new, source = await asyncio.to_thread(_with_stored_settings, new)
+                return self._refused(reason, f"{error}")
+            except Exception as error:  # load_sources raises ConfigError only; the database may not
+                log.debug("config reload failed", exc_info=True)
+                return self._refused(reason, f"{self.status.source}: {type(error).__name__}: {error}")
             rt = runtime.current()
-            report = await rt.dispatcher.reload(new, source)
+            try:
+                report = await rt.dispatcher.reload(new, source)
+            except Exception as error:
+                log.debug("config reload failed in the dispatcher", exc_info=True)
+                return self._refused(reason, f"{self.status.source}: {type(error).__name__}: {error}")
             rt.config = new  # views resolve names with it from now on
             rt.keys.set_config_keys(new.api_keys)
             if rt.profile and rt.profile not in new.profiles:  # kept while it exists
@@ -90,13 +100,26 @@ class Reloader:
             )
             return report
 
+    def _refused(self, reason: str, error: str) -> None:
+        self.status.error = error
+        self.status.error_at = time.time()
+        log.error(
+            "config reload refused; the old config stays in force",
+            extra={"reason": reason, "error": error},
+        )
+
     async def watch(self, every: float = WATCH_EVERY) -> None:
-        """``--watch-config``: reload when a source changes (or one appears or goes)."""
+        """``--watch-config``: reload when a source changes (or one appears or goes).
+
+        Keeps watching whatever a reload meets: the next edit is applied if it is valid."""
         while True:
             await asyncio.sleep(every)
-            now = fingerprint(self.config, self.config_dir)
-            if now != self._seen:
-                await self.reload("watch-config")
+            try:
+                now = fingerprint(self.config, self.config_dir)
+                if now != self._seen:
+                    await self.reload("watch-config")
+            except Exception:  # reload() does not raise; a bug here must not end the watching
+                log.exception("config watch: the check failed; still watching")
 
 
 def _with_stored_settings(config: Config) -> tuple[Config, str | None]:

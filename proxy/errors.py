@@ -152,8 +152,10 @@ AUTH_REALM = "llamaswap"
 
 def invalid_api_key(presented: bool) -> HttpResponse:
     """401 for a request without a valid API key, as OpenAI answers it (``type``
-    ``invalid_request_error``, ``code`` ``invalid_api_key``), with the ``WWW-Authenticate``
-    challenge llama-swap sends (browsers then ask for a password: the key)."""
+    ``invalid_request_error``, ``code`` ``invalid_api_key``). The ``WWW-Authenticate: Basic``
+    challenge llama-swap sends only with ``security.basicAuthChallenge``: a browser asks
+    for a password then, caches it, and sends it with every later request to this server,
+    another site's forms included. API clients never needed it; the dashboard logs in."""
     if presented:
         message = "invalid API key"
     else:
@@ -161,12 +163,15 @@ def invalid_api_key(presented: bool) -> HttpResponse:
             "an API key is required: send Authorization: Bearer KEY, x-api-key: KEY, "
             "or Basic auth with the key as password"
         )
+    from scheduler import runtime
+
+    challenge = runtime.is_running() and runtime.current().config.security.basic_auth_challenge
     return error_response(
         401,
         message,
         code="invalid_api_key",
         type_="invalid_request_error",
-        headers={"WWW-Authenticate": f'Basic realm="{AUTH_REALM}"'},
+        headers={"WWW-Authenticate": f'Basic realm="{AUTH_REALM}"'} if challenge else None,
     )
 
 
@@ -188,9 +193,12 @@ def invalid_host(host: str, path: str) -> HttpResponse:
 
 
 def cross_origin_refused(reason: str) -> HttpResponse:
-    """403 for a browser request from another site to an endpoint that changes state."""
+    """403 for a browser request from a site no policy allows (proxy.views.cross_site)."""
     return error_response(
-        403, f"cross-origin request refused: {reason}", code="cross_origin_refused"
+        403,
+        f"cross-origin request refused: {reason}; a site of your own may be allowed in "
+        "security.cors.allowedOrigins",
+        code="cross_origin_refused",
     )
 
 

@@ -128,7 +128,11 @@ async def _answer(
             exc.status, str(exc), code=exc.code, request_id=request_id, headers=headers
         )
 
-    headers = forward_headers(scope["headers"]) if scope is not None else []
+    # The client's key is this server's credential when it checks keys: never the model's
+    # (llama-swap has no model key to send instead). Without keys it passes, as in
+    # llama-swap (a llama-server started with --api-key). The dashboard's cookies never.
+    credentials = not runtime.current().keys.enabled
+    headers = forward_headers(scope["headers"], credentials=credentials) if scope is not None else []
     try:
         upstream = await _send(turn, request.method or "POST", url, headers, body)
     except ModelStartError as exc:  # restarted after it died at grant, and did not start

@@ -13,8 +13,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.core.files.uploadhandler import FileUploadHandler, SkipFile
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
@@ -24,7 +26,7 @@ from proxy.errors import clip, cross_origin_refused, echo, error_response, metho
 from proxy.relay import relay
 from proxy.turn import RECORD_EXTRA
 from scheduler import runtime
-from scheduler.config import Capabilities, ModelConfig
+from scheduler.config import Capabilities, ModelConfig, PathPattern, Security
 from scheduler.names import Unroutable
 from scheduler.process import ModelState
 
@@ -120,6 +122,13 @@ def _parse_body(
 
     Every way Django or the JSON parser can refuse a body becomes a JSON 4xx naming the
     problem (Django's own would be an HTML 400 page; a too-deep JSON a 500).
+
+    Both parsers run on the event loop (``json.loads`` holds the GIL: a thread would not
+    free it), so their cost is bounded before they start: a JSON body may hold at most
+    ``limits.maxJsonValues`` values (:func:`_json_values_bound`; a body of ``{},`` cost
+    25x its size and 0.9 s per 30 MB), and a multipart body's files are skipped, not
+    stored (only its ``model`` field is read; Django keeps fields within
+    ``DATA_UPLOAD_MAX_MEMORY_SIZE``, ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` and ``_FILES``).
     """
 
     def refuse(status: int, message: str, code: str) -> HttpResponse:
@@ -141,6 +150,9 @@ def _parse_body(
         if not request.META.get("CONTENT_LENGTH"):
             # Sent chunked: Django's parser reads nothing without a length (the body is here).
             request.META["CONTENT_LENGTH"] = str(len(body))
+        # The raw body goes upstream: the files' bytes are passed over, not written to a
+        # temporary file on the event loop's thread (Django's default beyond 2.5 MB).
+        request.upload_handlers = [_SkipFiles(request)]
         try:
             name = request.POST.get("model", "")
         except TooManyFieldsSent:
@@ -168,6 +180,15 @@ def _parse_body(
         return body, None, name
     if not body.strip():
         return refuse(400, "request body is empty: expected a JSON object", "invalid_json")
+    limit = runtime.current().config.limits.max_json_values
+    values = _json_values_bound(body, limit)
+    if values > limit:
+        return refuse(
+            413,
+            f"request body has up to {values} JSON values (its {{ [ , : bytes, counted before "
+            f"parsing), over the limit of {limit} (limits.maxJsonValues)",
+            "request_too_large",
+        )
     try:
         data = json.loads(body)
     except RecursionError:
@@ -179,6 +200,37 @@ def _parse_body(
             400, f"request body must be a JSON object, got {_json_type(data)}", "invalid_json"
         )
     return body, data, data.get("model", "")
+
+
+_STRUCTURAL = (b",", b":", b"{", b"[")
+
+
+def _json_values_bound(body: bytes, limit: int) -> int:
+    """An upper bound on the number of values (object keys included) in the JSON ``body``,
+    exact enough once it passes ``limit``: every value but the outermost follows one of
+    ``, : { [`` (those inside strings are counted too). ``bytes.count`` runs at memory
+    speed (~0.1 s for 256 MB on one core); a body shorter than ``limit`` is not scanned."""
+    if len(body) < limit:
+        return len(body)
+    total = 1
+    for byte in _STRUCTURAL:
+        total += body.count(byte)
+        if total > limit:
+            break
+    return total
+
+
+class _SkipFiles(FileUploadHandler):
+    """An upload handler that passes over every file of a multipart body unread."""
+
+    def new_file(self, *args: Any, **kwargs: Any) -> None:
+        raise SkipFile()
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes | None:
+        return None
+
+    def file_complete(self, file_size: int) -> None:
+        return None
 
 
 def _json_type(value: object) -> str:
@@ -210,6 +262,10 @@ async def upstream_passthrough(
             code="model_not_found",
             request_id=request_id,
         )
+    if not path_allowed("/" + path, rt.config.upstream_allow_paths):
+        refusal = _path_refusal(request, model, path, request_id)
+        if refusal is not None:
+            return refusal
     # upstream.ignorePaths (llama-swap's rule): a matching path (decoded, after the model)
     # never loads the model. Unless it is loaded and ready it is refused here, before any
     # turn is taken.
@@ -226,6 +282,34 @@ async def upstream_passthrough(
     if model_name != model.id:
         RECORD_EXTRA.set({"requested_model": model_name})  # an alias or a pin
     return await relay(request, model, request_id, _raw_rest(request, path), request.body)
+
+
+def path_allowed(path: str, patterns: tuple[PathPattern, ...]) -> bool:
+    """May ``/upstream/<model>`` reach ``path`` (decoded, after the model, as
+    ``ignorePaths`` sees it)? One of ``patterns`` (``upstream.allowPaths``) must match it,
+    and it has no ``.`` or ``..`` segment: a model server that resolves them would serve
+    another path than the one checked (``/v1%2F..%2Fslots``)."""
+    if "/." in path and any(segment in (".", "..") for segment in path.split("/")):
+        return False
+    return any(pattern.search(path) for pattern in patterns)
+
+
+def _path_refusal(
+    request: HttpRequest, model: ModelConfig, path: str, request_id: str
+) -> HttpResponse | None:
+    """403 for a path ``upstream.allowPaths`` does not name (the model's operator endpoints:
+    ``/slots``, ``/metrics``, ...), before any turn is taken. None for a path that is no
+    URL at all: the relay answers that one with 400 ``invalid_path``."""
+    try:
+        httpx.URL(model.proxy.rstrip("/") + _raw_rest(request, path))
+    except (httpx.InvalidURL, ValueError):
+        return None
+    return error_response(
+        403,
+        f"/upstream/{model.id}/ may not reach {echo('/' + path)}: not in upstream.allowPaths",
+        code="path_not_allowed",
+        request_id=request_id,
+    )
 
 
 def _raw_rest(request: HttpRequest, path: str) -> str:
@@ -388,27 +472,68 @@ def _netloc_with_port(netloc: str, scheme: str) -> str:
 
 
 def cross_origin(request: HttpRequest) -> str | None:
-    """Why a browser request comes from another site, or None.
+    """Why a browser request comes from a site the config does not allow, or None
+    (:func:`cross_site` on the request's headers; the router applies the same rule to every
+    API path before any handler: ``llamaswap_site.asgi.cross_site_refusal``)."""
+    return cross_site(
+        request.headers.get("Origin"),
+        request.headers.get("Sec-Fetch-Site"),
+        request.headers.get("Host", ""),
+        current_security(),
+    )
 
-    ``Sec-Fetch-Site: cross-site`` or ``same-site`` (every current browser sends it, also
-    on a plain ``<img src>`` GET, which sends no Origin), or an ``Origin`` whose host:port
-    is not the request's Host (``null`` included: a sandboxed or file page). Requests
-    without either (curl, SDKs, scripts) are not a browser's and pass.
+
+def current_security() -> Security:
+    """The running server's ``security`` settings (defaults when none runs)."""
+    return runtime.current().config.security if runtime.is_running() else Security()
+
+
+def cross_site(
+    origin: str | None, fetch_site: str | None, host: str, security: Security
+) -> str | None:
+    """Why a browser request comes from a site ``security`` does not allow, or None.
+
+    The browser's own word first: ``Sec-Fetch-Site`` (every current browser sends it, also
+    on an ``<img src>`` GET or a form, which may send no Origin) ``same-origin`` or
+    ``none`` (typed, a bookmark) passes, also behind a proxy that rewrites Host. An
+    ``Origin`` in ``security.cors.allowedOrigins`` passes (``"*"`` there: everything).
+    Otherwise ``cross-site`` / ``same-site`` is refused; without Sec-Fetch-Site (an older
+    browser), an Origin whose host:port is not the request's Host is (``null`` included: a
+    sandboxed or file page). Requests with neither header (curl, SDKs, scripts) are not a
+    browser's and pass. Pure: no I/O, only the strings given.
     """
-    site = request.headers.get("Sec-Fetch-Site", "").strip().lower()
+    if security.any_origin:
+        return None
+    site = (fetch_site or "").strip().lower()
+    if site in ("same-origin", "none"):
+        return None
+    if origin is not None and _origin_key(origin) in security.allowed_origins:
+        return None
     if site in ("cross-site", "same-site"):
-        return f"Sec-Fetch-Site is {site}"
-    origin = request.headers.get("Origin")
+        if origin is None:
+            return f"Sec-Fetch-Site is {site}"
+        return f"Sec-Fetch-Site is {site} and Origin {echo(origin)} is not allowed"
     if origin is None:
         return None
     scheme, sep, netloc = origin.strip().partition("://")
-    host = request.headers.get("Host", "")
     if not sep or not netloc or scheme.lower() not in ("http", "https"):
         return f"Origin {echo(origin)} is not this server"
     scheme = scheme.lower()
     if _netloc_with_port(netloc.rstrip("/"), scheme) != _netloc_with_port(host, scheme):
         return f"Origin {echo(origin)} is not this server ({echo(host)})"
     return None
+
+
+def _origin_key(origin: str) -> str | None:
+    """An Origin header as ``security.cors.allowedOrigins`` holds origins: lowercased,
+    without the scheme's default port."""
+    scheme, sep, netloc = origin.strip().lower().partition("://")
+    if not sep or not netloc or scheme not in ("http", "https"):
+        return None
+    default = ":443" if scheme == "https" else ":80"
+    if netloc.endswith(default):
+        netloc = netloc[: -len(default)]
+    return f"{scheme}://{netloc}"
 
 
 @csrf_exempt

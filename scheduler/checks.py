@@ -16,6 +16,7 @@ Messages:
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -24,6 +25,8 @@ from django.core import checks
 
 from scheduler.config import Config, ConfigError, load_config
 from scheduler.sources import load_sources
+
+log = logging.getLogger("llamaswap.config")
 
 TAG = "llamaswap"
 E_CONFIG = "llamaswap.E001"
@@ -37,7 +40,15 @@ def inspect_config(
     the config (None when unusable) and one Error, or one Warning per warning.
     ``named_by`` says where the path came from, for the hint."""
     try:
-        config = load_sources(path, config_dir) if config_dir else load_config(path)
+        try:
+            config = load_sources(path, config_dir) if config_dir else load_config(path)
+        except ConfigError:
+            raise
+        except Exception as bug:  # a parser bug the file triggered: still the file's error
+            log.debug("loading the config %s failed", path or config_dir, exc_info=True)
+            raise ConfigError(
+                path or config_dir, f"cannot load the config: {type(bug).__name__}: {bug}"
+            ) from bug
         path = path or config_dir
     except ConfigError as exc:
         path = path or config_dir

@@ -40,17 +40,19 @@ Extensions of llama-swap's format (it has none of these):
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
 import shlex
+from collections import ChainMap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit
 
+import re2
 import yaml
 
 from scheduler.core.lanes import DEFAULT_LANE
@@ -73,7 +75,8 @@ from scheduler.core.swapper import (
     MatrixSwapper,
     Swapper,
 )
-from scheduler.keys import ApiKey, KeyPolicy
+from scheduler.keys import DEFAULT_SCOPES, ApiKey, KeyPolicy
+from scheduler.keys import Scope as KeyScope
 
 if TYPE_CHECKING:
     from scheduler.names import Peer, PeerModel, Profile, Selector
@@ -92,6 +95,23 @@ LOG_LEVELS = ("debug", "info", "warn", "error")
 RESERVED_MACROS = frozenset({"PORT", "MODEL_ID", "PID"})
 PROTECTED_PARAMS = frozenset({"model"})
 """Request parameters that filters may never strip or set: routing depends on them."""
+
+# What loading a config may cost. A few KB of YAML aliases (``&a [*b, *b, ...]``), macros
+# that use each other or ``${env.NAME}`` repeated can stand for gigabytes; these bounds
+# are far above any real config (llama-swap's example is 5 KB, 50 models are ~20 KB) and
+# keep a hostile or mistaken one to a few seconds and a few hundred MB.
+MAX_CONFIG_BYTES = 1024 * 1024
+"""The most bytes of YAML read for one config, all of its sources together."""
+MAX_CONFIG_VALUES = 200_000
+"""The most values (scalars, lists, mappings and keys) once YAML aliases are expanded:
+a node used through an alias counts at every use."""
+MAX_CONFIG_CHARS = 16 * 1024 * 1024
+"""The most characters of text once YAML aliases are expanded."""
+MAX_EXPANSION_CHARS = 4 * 1024 * 1024
+"""The most characters ``${env.NAME}`` and macro expansion may write and scan in all (each
+expansion step counting at least :data:`_STEP_COST`)."""
+MAX_CONFIG_DEPTH = 64
+"""The deepest nesting of lists and mappings."""
 
 _MACRO_NAME = re.compile(r"[a-zA-Z0-9_-]+")
 _MACRO_USE = re.compile(r"\$\{([a-zA-Z0-9_-]+)\}")
@@ -115,6 +135,7 @@ _TOP_LEVEL_KEYS = frozenset(
         "apiKeys",
         "includeAliasesInList",
         "upstream",
+        "security",
         "logToStdout",
         "logTimeFormat",
         "sendLoadingState",
@@ -187,6 +208,41 @@ LOG_TIME_FORMATS = (
 :mod:`llamaswap_site.logfmt` renders each."""
 DEFAULT_UPSTREAM_IGNORE_PATHS = r".*\.(js|json|css|png|gif|jpg|jpeg|ico|txt)$"
 """llama-swap's ``upstream.ignorePaths`` when the list is empty or absent."""
+DEFAULT_UPSTREAM_ALLOW_PATHS = (
+    r"^/$",
+    r"^/(v1/)?(chat/completions|completions|responses|messages|messages/count_tokens"
+    r"|embeddings|rerank|reranking|models|audio/speech|audio/transcriptions"
+    r"|audio/translations|images/generations|images/edits)$",
+    r"^/(completion|infill|embedding|tokenize|detokenize|apply-template|props|health)$",
+    r"^(/[A-Za-z0-9_~-][A-Za-z0-9_.~-]*)*/[A-Za-z0-9_~-][A-Za-z0-9_.~-]*"
+    r"\.(html|js|mjs|css|map|json|png|gif|jpg|jpeg|svg|ico|webp|woff|woff2|ttf|txt|webmanifest)$",
+)
+"""``upstream.allowPaths`` when the list is empty or absent: what a model's web UI and API
+clients use (the root page, static files, the OpenAI and Anthropic routes, llama-server's
+native inference routes, ``/props`` and ``/health``); not its operator endpoints
+(``/slots``, ``/metrics``, ``/lora-adapters``, ``/cors-proxy``, ``/tools``,
+``/models/load``; fakellm's ``/fake/requests``). Static file names start with no dot: no
+dot segments, no hidden files."""
+
+
+class PathPattern(Protocol):
+    """A compiled ``upstream.ignorePaths`` pattern (an RE2 regexp: linear in the path)."""
+
+    pattern: str
+
+    def search(self, text: str) -> object: ...
+
+
+def _compile_re2(pattern: str) -> PathPattern:
+    """``pattern`` as RE2 (Go's regexp semantics, matching in time linear in the input;
+    Python's backtracking ``re`` took seconds on ``.*\\.(js|...)$`` against a path of
+    16,000 dots). Raises ``re2.error``; RE2's own logging of it is off (the ConfigError
+    says it)."""
+    options = re2.Options()
+    options.log_errors = False
+    return cast(PathPattern, re2.compile(pattern, options=options))
+
+
 _FILTER_KEYS = frozenset({"stripParams", "strip_params", "setParams", "setParamsByID"})
 _SCHEDULER_KEYS = frozenset({"use", "settings"})
 _TIMEOUT_KEYS = {  # config key -> ModelTimeouts field
@@ -198,13 +254,16 @@ _TIMEOUT_KEYS = {  # config key -> ModelTimeouts field
     "idleConn": "idle_conn",
     "idle": "idle",
 }
-_LIMIT_KEYS = {  # config key -> RequestLimits field; maxBodyBytes is an int, the rest seconds
+_LIMIT_KEYS = {  # config key -> RequestLimits field; _LIMIT_COUNTS are ints, the rest seconds
     "maxBodyBytes": "max_body_bytes",
+    "maxJsonValues": "max_json_values",
     "headerTimeout": "header_timeout",
     "bodyTimeout": "body_timeout",
     "bodyIdleTimeout": "body_idle_timeout",
+    "sendIdleTimeout": "send_idle_timeout",
 }
-_API_KEY_FIELDS = frozenset({"name", "key", "priority"})
+_LIMIT_COUNTS = frozenset({"maxBodyBytes", "maxJsonValues"})
+_API_KEY_FIELDS = frozenset({"name", "key", "priority", "scopes"})
 _KEY_POLICY_FIELDS = frozenset({"default", "ceiling", "offset"})
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -253,6 +312,14 @@ class RequestLimits:
     """``bodyTimeout``: seconds to send the whole body once the headers arrived."""
     body_idle_timeout: float = 60
     """``bodyIdleTimeout``: seconds without a body byte."""
+    max_json_values: int = 1_000_000
+    """``maxJsonValues``: the most JSON values a request body may hold, counted before it
+    is parsed as its ``{ [ , :`` bytes (an upper bound: those inside strings count too).
+    Parsing costs up to ~100 bytes and ~0.1 us per value on the event loop: this bounds
+    both, whatever the body's shape, where the body's size alone allowed ~25x its size."""
+    send_idle_timeout: float = 60
+    """``sendIdleTimeout``: seconds a client may leave a response unread (the server's
+    send buffer full, the response waiting) before the connection is cut."""
 
 
 @dataclass(frozen=True)
@@ -330,6 +397,23 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class Security:
+    """``security``: who may talk to the API from a browser, and how a 401 answers."""
+
+    allowed_origins: frozenset[str] = frozenset()
+    """``security.cors.allowedOrigins``: browser origins (``scheme://host[:port]``,
+    lowercased, default port dropped) whose cross-site requests the API paths accept.
+    Default none: only the server's own pages and non-browser clients."""
+    any_origin: bool = False
+    """``"*"`` among the allowed origins: no cross-site check at all (llama-swap's
+    historical policy, asked for explicitly)."""
+    basic_auth_challenge: bool = False
+    """``security.basicAuthChallenge``: a 401 carries ``WWW-Authenticate: Basic`` (llama-swap
+    sends it so its UI gets the browser's password prompt). Off by default: a browser that
+    caches the credentials then sends them on every request, cross-site forms included."""
+
+
+@dataclass(frozen=True)
 class Config:
     models: Mapping[str, ModelConfig]
     aliases: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
@@ -348,12 +432,18 @@ class Config:
     """``logTimeFormat``: one of :data:`LOG_TIME_FORMATS`, or "" for the default timestamp."""
     include_aliases_in_list: bool = False
     """``includeAliasesInList``: ``/v1/models`` lists each alias as its own record."""
-    upstream_ignore_paths: tuple[re.Pattern[str], ...] = (
-        re.compile(DEFAULT_UPSTREAM_IGNORE_PATHS),
+    upstream_ignore_paths: tuple[PathPattern, ...] = (
+        _compile_re2(DEFAULT_UPSTREAM_IGNORE_PATHS),
     )
     """``upstream.ignorePaths``: a ``/upstream/<model>/<path>`` whose path matches one
     (searched, unanchored, as Go's ``MatchString``) never loads the model: 409 unless it
     is already loaded."""
+    upstream_allow_paths: tuple[PathPattern, ...] = field(
+        default_factory=lambda: tuple(_compile_re2(p) for p in DEFAULT_UPSTREAM_ALLOW_PATHS)
+    )
+    """``upstream.allowPaths``: the paths ``/upstream/<model>/<path>`` may reach (searched,
+    as ``ignorePaths``); any other is refused with 403 before a turn is taken."""
+    security: Security = field(default_factory=Security)
     preload: tuple[str, ...] = ()
     api_keys: Mapping[str, ApiKey] = field(default_factory=lambda: MappingProxyType({}))
     """``apiKeys``: the key as written (env and macros expanded) -> its name and priority
@@ -411,15 +501,28 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     return parse_config({} if data is None else data, source=source)
 
 
-def read_yaml(source: str) -> Any:
-    """One YAML file, parsed strictly (duplicate keys are errors). Raises
-    :class:`ConfigError` keyed by the file name, with the line number in the message."""
+def read_yaml(source: str, max_bytes: int = MAX_CONFIG_BYTES) -> Any:
+    """One YAML file, parsed strictly (duplicate keys are errors), of at most ``max_bytes``.
+    Raises :class:`ConfigError` keyed by the file name, with the line number in the message.
+
+    What its aliases expand to is not measured yet: the caller runs :func:`check_size`
+    before walking it (:func:`parse_config` does)."""
     try:
-        text = Path(source).read_text(encoding="utf-8")
+        # At most one byte past the bound: --config /dev/zero must not fill the memory.
+        with open(source, "rb") as file:
+            raw = file.read(max_bytes + 1)
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(source, "config file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(source, f"cannot read the config file: {exc}") from None
+    if len(raw) > max_bytes:
+        raise ConfigError(
+            source,
+            f"larger than {max_bytes} bytes"
+            + (" (what is left of the config's bound)" if max_bytes < MAX_CONFIG_BYTES else "")
+            + f"; a config is at most {MAX_CONFIG_BYTES} bytes in all",
+        )
     try:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.MarkedYAMLError as exc:
@@ -429,7 +532,89 @@ def read_yaml(source: str) -> Any:
         raise ConfigError(source, f"YAML syntax error at {where}: {problem}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(source, f"YAML syntax error: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # A scalar PyYAML cannot build: a date like 2001-02-30, an integer of more than
+        # 4300 digits (Python's int conversion limit); or nesting past the interpreter's
+        # recursion limit (the pure-Python parser).
+        raise ConfigError(source, f"YAML value error: {exc}") from None
     return data
+
+
+def check_size(data: Any, source: str = "") -> tuple[int, int]:
+    """Refuse a parsed document that is too big to process once its YAML aliases are
+    expanded (:data:`MAX_CONFIG_VALUES`, :data:`MAX_CONFIG_CHARS`), nested deeper than
+    :data:`MAX_CONFIG_DEPTH`, or that contains itself (a recursive alias, ``&a [*a]``).
+
+    Linear in the document as written: a node reached through aliases is measured once
+    and counted at each use. The error names the smallest key whose expansion passes the
+    bound (or ``source`` for the whole document), and the file in its message. Returns
+    the document's values and characters, aliases expanded.
+    """
+    if not isinstance(data, dict | list | tuple):
+        return 1, len(data) if isinstance(data, str) else 0
+    measured: dict[int, tuple[int, int]] = {}  # id(container) -> (values, chars) in it
+    open_ids = {id(data)}  # the containers on the current path: one met again is a cycle
+    # One frame per open container: [container, its children, values, chars, path].
+    frames: list[list[Any]] = [[data, _items(data), 1, 0, ""]]
+    in_file = f" (in {source})" if source else ""
+
+    def refuse(path: str, why: str) -> ConfigError:
+        return ConfigError(path or source, f"{why}{in_file}")
+
+    while frames:
+        frame = frames[-1]
+        item = next(frame[1], None)
+        if item is None:
+            frames.pop()
+            open_ids.discard(id(frame[0]))
+            measured[id(frame[0])] = (frame[2], frame[3])
+            if not frames:
+                return frame[2], frame[3]
+            parent = frames[-1]
+            parent[2] += frame[2]
+            parent[3] += frame[3]
+        else:
+            label, child, key_chars = item
+            frame[2] += 0 if key_chars is None else 1
+            frame[3] += key_chars or 0
+            path = f"{frame[4]}{label}" if label.startswith("[") or not frame[4] else f"{frame[4]}.{label}"
+            if isinstance(child, dict | list | tuple):  # tuples: !!pairs, !!omap
+                if id(child) in open_ids:
+                    raise refuse(path, "contains itself (a recursive YAML alias)")
+                known = measured.get(id(child))
+                if known is None:
+                    if len(frames) >= MAX_CONFIG_DEPTH:
+                        raise refuse(path, f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+                    open_ids.add(id(child))
+                    frames.append([child, _items(child), 1, 0, path])
+                    continue
+                frame[2] += known[0]
+                frame[3] += known[1]
+            else:
+                frame[2] += 1
+                frame[3] += len(child) if isinstance(child, str) else 0
+        if frame[2] > MAX_CONFIG_VALUES:
+            raise refuse(
+                frame[4],
+                f"holds more than {MAX_CONFIG_VALUES} values once its YAML aliases are "
+                "expanded (each use of an alias counts)",
+            )
+        if frame[3] > MAX_CONFIG_CHARS:
+            raise refuse(
+                frame[4],
+                f"holds more than {MAX_CONFIG_CHARS} characters of text once its YAML "
+                "aliases are expanded (each use of an alias counts)",
+            )
+    raise AssertionError("unreachable: the root frame returns")
+
+
+def _items(container: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> Any:
+    """(label, child, characters of its key or None) for each entry of a list or mapping."""
+    if isinstance(container, dict):
+        return (
+            (str(k), v, len(k) if isinstance(k, str) else 0) for k, v in container.items()
+        )
+    return ((f"[{i}]", v, None) for i, v in enumerate(container))
 
 
 def parse_config(
@@ -447,6 +632,8 @@ def parse_config(
     env = os.environ if environ is None else environ
     if not isinstance(data, Mapping):
         raise ConfigError("", f"the config must be a mapping of settings, got {_kind(data)}")
+    check_size(data, source)  # before anything walks it: aliases may stand for gigabytes
+    budget = _Budget()
     warnings: list[str] = []
 
     raw: dict[str, Any] = {}
@@ -460,11 +647,15 @@ def parse_config(
             warnings.append(f"{key}: unknown key; ignored")
 
     # Phase 1: ${env.NAME} everywhere we read, before any macro sees the values.
-    raw = {key: _expand_env(value, key, env) for key, value in raw.items()}
+    raw = {key: _expand_env(value, key, env, budget) for key, value in raw.items()}
 
     # Phase 2: global macros over everything but the models, which get their own scope.
     macros = _read_macros(raw.pop("macros", None), "macros")
-    top = {key: _substitute_all(value, macros) for key, value in raw.items() if key != "models"}
+    top = {
+        key: _substitute_all(value, _scope(macros), key, budget)
+        for key, value in raw.items()
+        if key != "models"
+    }
     for key, value in top.items():
         _check_expanded(value, key, allow_pid=False)
 
@@ -502,9 +693,10 @@ def parse_config(
         _default(top.get("includeAliasesInList"), False), "includeAliasesInList"
     )
     ignore_paths = _upstream_ignore_paths(top.get("upstream"), warnings)
+    allow_paths = _upstream_allow_paths(top.get("upstream"))
 
     # Phase 3: each model with its own macro scope, then ${PORT} in sorted id order.
-    prepared = _prepare_models(raw.get("models"), macros, warnings)
+    prepared = _prepare_models(raw.get("models"), macros, warnings, budget)
     _assign_ports(prepared, start_port)
     for model_id, model in prepared.items():
         for name, value in model.items():
@@ -542,6 +734,8 @@ def parse_config(
         log_time_format=log_time_format,
         include_aliases_in_list=include_aliases,
         upstream_ignore_paths=ignore_paths,
+        upstream_allow_paths=allow_paths,
+        security=_security(top.get("security"), warnings),
         preload=_preload(top.get("hooks"), models, aliases, warnings),
         router=router,
         lanes=lanes,
@@ -575,7 +769,12 @@ def split_command(text: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- YAML
 
 
-class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no type hints here
+_SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""libyaml's parser when PyYAML has it: 4-5x faster than the pure-Python one on a large
+config, and it refuses nesting past 1000 levels instead of recursing."""
+
+
+class _StrictLoader(_SafeLoader):  # type: ignore[misc]  # yaml has no type hints here
     """SafeLoader that rejects a key defined twice in one mapping, as llama-swap's YAML does.
 
     PyYAML silently keeps the last one, which would hide a duplicated model id. Keys that
@@ -603,14 +802,43 @@ class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no type 
 # --------------------------------------------------------------------------- macros
 
 
-def _expand_env(value: Any, key: str, environ: Mapping[str, str]) -> Any:
+_STEP_COST = 256
+"""What one macro expansion step spends at least: its fixed cost in characters' worth, so
+that a long chain of macros over short text is bounded in time too."""
+
+
+class _Budget:
+    """The characters ``${env.NAME}`` and macro expansion may still write and scan for one
+    config (:data:`MAX_EXPANSION_CHARS`). Each is linear in its input, but macros that use
+    each other (``b: ${a}${a}``, ``c: ${b}${b}``, ...) double the text at every step, and a
+    long variable may be used many times: the expansion stops with a ConfigError naming
+    the key it was expanding once the budget is spent."""
+
+    def __init__(self, chars: int = MAX_EXPANSION_CHARS) -> None:
+        self.left = chars
+
+    def spend(self, chars: int, key: str) -> None:
+        self.left -= chars
+        if self.left < 0:
+            raise ConfigError(
+                key,
+                f"${{env.NAME}} and macro expansion would write more than {MAX_EXPANSION_CHARS} "
+                "characters for this config (macros that use each other many times?)",
+            )
+
+
+def _expand_env(value: Any, key: str, environ: Mapping[str, str], budget: _Budget) -> Any:
     """``${env.NAME}`` replaced in every string below ``value``."""
     if isinstance(value, str):
+        if "${env." not in value:
+            return value
+        budget.spend(len(value), key)
 
         def lookup(match: re.Match[str]) -> str:
             name = match.group(1)
             if name not in environ:
                 raise ConfigError(key, f"environment variable '{name}' is not set")
+            budget.spend(len(environ[name]), key)  # before the text is built
             return environ[name]
 
         expanded = _ENV_USE.sub(lookup, value)
@@ -619,9 +847,9 @@ def _expand_env(value: Any, key: str, environ: Mapping[str, str]) -> Any:
             return _yaml_scalar(expanded)
         return expanded
     if isinstance(value, Mapping):
-        return {k: _expand_env(v, f"{key}.{k}", environ) for k, v in value.items()}
+        return {k: _expand_env(v, f"{key}.{k}", environ, budget) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand_env(v, f"{key}[{i}]", environ) for i, v in enumerate(value)]
+        return [_expand_env(v, f"{key}[{i}]", environ, budget) for i, v in enumerate(value)]
     return value
 
 
@@ -658,26 +886,70 @@ def _read_macros(value: Any, key: str) -> list[tuple[str, Any]]:
     return macros
 
 
-def _merge_macros(
-    model_id: str, global_macros: list[tuple[str, Any]], model_macros: list[tuple[str, Any]]
-) -> list[tuple[str, Any]]:
-    """A model's scope: MODEL_ID, the globals, its own macros overriding globals in place."""
-    merged = [("MODEL_ID", model_id), *global_macros]
-    for name, value in model_macros:
-        for i, (existing, _) in enumerate(merged):
-            if existing == name:
-                merged[i] = (name, value)
-                break
-        else:
-            merged.append((name, value))
-    return merged
+MacroScope = Mapping[str, tuple[int, Any]]
+"""Macros in force: name -> (place in the declaration order, value)."""
 
 
-def _substitute_all(value: Any, macros: list[tuple[str, Any]]) -> Any:
-    # Last declared first: a macro's value is itself expanded by every macro declared
-    # before it, which is how "macros may use previously declared macros" works.
-    for name, replacement in reversed(macros):
-        value = _substitute(value, name, replacement)
+def _scope(macros: list[tuple[str, Any]]) -> dict[str, tuple[int, Any]]:
+    """The global macros as a :data:`MacroScope`."""
+    return {name: (i, value) for i, (name, value) in enumerate(macros)}
+
+
+def _model_scope(
+    model_id: str, global_scope: dict[str, tuple[int, Any]], model_macros: list[tuple[str, Any]]
+) -> MacroScope:
+    """A model's scope: MODEL_ID (declared first), the globals, its own macros overriding
+    globals in place and the new ones after them. Built without copying the globals, so a
+    config of many models and many macros costs their sum, not their product."""
+    own: dict[str, tuple[int, Any]] = {"MODEL_ID": (-1, model_id)}
+    for j, (name, value) in enumerate(model_macros):
+        place = global_scope[name][0] if name in global_scope else len(global_scope) + j
+        own[name] = (place, value)
+    return ChainMap(own, global_scope)
+
+
+def _substitute_all(value: Any, scope: MacroScope, key: str, budget: _Budget) -> Any:
+    """Every string below ``value`` with its macros expanded (:func:`expand_macros`)."""
+    if isinstance(value, str):
+        return expand_macros(value, scope, key, budget) if "${" in value else value
+    if isinstance(value, Mapping):
+        return {k: _substitute_all(v, scope, f"{key}.{k}", budget) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute_all(v, scope, f"{key}[{i}]", budget) for i, v in enumerate(value)]
+    return value
+
+
+def expand_macros(
+    text: str, scope: MacroScope, key: str, budget: _Budget, typed: bool = True
+) -> Any:
+    """``text`` with the macros of ``scope`` expanded, last declared first: a macro's value
+    is itself expanded by every macro declared before it, which is how "macros may use
+    previously declared macros" works (a use of a later one stays, and is reported).
+
+    Applying every macro in turn would cost macros x text; only the ones ``text`` uses are
+    applied, the latest first, which gives the same result: a macro applied puts in uses of
+    earlier macros only, the ones still to come. With ``typed``, a value that is exactly
+    ``${name}`` becomes the macro's value with its type (``ttl: ${ttl}`` is an int).
+    Spends ``budget`` on what it scans and writes."""
+    value: Any = text
+    below = math.inf  # the place of the macro applied last: only earlier ones follow
+    while isinstance(value, str) and "${" in value:
+        budget.spend(max(len(value), _STEP_COST), key)
+        best: tuple[str, int, Any] | None = None
+        for name in set(_MACRO_USE.findall(value)):
+            entry = scope.get(name)
+            if entry is not None and entry[0] < below and (best is None or entry[0] > best[1]):
+                best = (name, *entry)
+        if best is None:
+            break
+        name, below, replacement = best
+        slug = f"${{{name}}}"
+        if typed and value == slug:
+            value = replacement  # the whole value: keep the macro's type
+            continue
+        written = _format(replacement)
+        budget.spend(len(value) + value.count(slug) * max(0, len(written) - len(slug)), key)
+        value = value.replace(slug, written)
     return value
 
 
@@ -739,7 +1011,7 @@ class _ModelDefaults:
 
 
 def _prepare_models(
-    value: Any, global_macros: list[tuple[str, Any]], warnings: list[str]
+    value: Any, global_macros: list[tuple[str, Any]], warnings: list[str], budget: _Budget
 ) -> dict[str, dict[str, Any]]:
     """Each model's raw settings with comments stripped and its macros expanded."""
     from scheduler import names as names_mod  # it imports this module
@@ -752,6 +1024,7 @@ def _prepare_models(
         )
     if not value:
         raise ConfigError("models", "no models defined")
+    global_scope = _scope(global_macros)
     prepared: dict[str, dict[str, Any]] = {}
     for raw_id, settings in value.items():
         model_id = str(raw_id)
@@ -778,9 +1051,9 @@ def _prepare_models(
                 model[name] = _strip_comment_lines(model[name])
         if model.get("proxy") is None:
             model["proxy"] = DEFAULT_PROXY
-        scope = _merge_macros(model_id, global_macros, model_macros)
-        prepared[model_id] = _substitute_all(model, scope)
-        names_mod.expand_set_params_keys(prepared[model_id], scope, key)
+        scope = _model_scope(model_id, global_scope, model_macros)
+        prepared[model_id] = _substitute_all(model, scope, key, budget)
+        names_mod.expand_set_params_keys(prepared[model_id], scope, key, budget)
     return prepared
 
 
@@ -826,15 +1099,17 @@ def _build_model(
     if model.get("cmdStop") is not None:
         cmd_stop = _command(model["cmdStop"], f"{key}.cmdStop") or None
 
-    proxy = _string(model["proxy"], f"{key}.proxy").strip()
-    url = urlsplit(proxy)
-    if url.scheme not in ("http", "https") or not url.netloc:
-        raise ConfigError(f"{key}.proxy", f"must be an http(s) URL, got {proxy!r}")
+    proxy = check_url(_string(model["proxy"], f"{key}.proxy").strip(), f"{key}.proxy")
 
     endpoint = _string(
         _default(model.get("checkEndpoint"), DEFAULT_CHECK_ENDPOINT), f"{key}.checkEndpoint"
     ).strip()
     check_endpoint = None if endpoint.lower() == "none" else endpoint
+    if check_endpoint is not None and _UNSAFE_IN_URL.search(check_endpoint):
+        raise ConfigError(
+            f"{key}.checkEndpoint",
+            f"must be a URL path without whitespace or control characters, got {check_endpoint!r}",
+        )
 
     ttl = _int(_default(model.get("ttl"), INHERIT_TTL), f"{key}.ttl")
     if ttl < INHERIT_TTL:
@@ -890,6 +1165,78 @@ def _build_model(
     )
 
 
+_UNSAFE_IN_URL = re.compile(r"[\x00-\x20\x7f-\x9f\s]")
+_IPV4_LIKE = re.compile(r"[0-9.]+")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
+def check_url(url: str, key: str) -> str:
+    """``url`` if it is an http(s) base URL requests can be sent to, else a ConfigError
+    naming ``key``: the scheme ``http`` or ``https``; a host name, an IPv4 address or an
+    IPv6 one in brackets (``http://[::1]:8080``); a port 1..65535 if one is given; then a
+    path at most. No credentials (``user:pass@``: they would show in logs, and llama-swap
+    does not send them either), no query or fragment (the request's own path and query are
+    appended), no whitespace or control characters.
+
+    Checked when the config loads, so that a typo is an error naming the key instead of a
+    traceback (``http://[::1``) or a 500 on every request (``http://127.0.0.1:99999``).
+    """
+
+    def refuse(why: str) -> ConfigError:
+        shown = url if len(url) <= 200 else url[:200] + "..."
+        return ConfigError(key, f"{why}, got {shown!r}")
+
+    if _UNSAFE_IN_URL.search(url):
+        raise refuse("must be a URL without whitespace or control characters")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # urllib's own check: "Invalid IPv6 URL" (an unclosed '[')
+        raise refuse(f"is not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not url.lower().startswith(f"{parts.scheme}://"):
+        raise refuse("must be an http(s) URL such as http://127.0.0.1:8080")
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        raise refuse("must be a base URL without a query (?) or fragment (#)")
+    netloc = parts.netloc
+    if "@" in netloc:
+        raise refuse("must not hold credentials (user:password@); peers take apiKey")
+    port: str | None = None
+    if netloc.startswith("["):
+        host, _, rest = netloc[1:].partition("]")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise refuse(f"{host!r} in brackets is not an IPv6 address") from None
+        if rest:
+            if not rest.startswith(":"):
+                raise refuse("only ':PORT' may follow the bracketed IPv6 address")
+            port = rest[1:]
+    else:
+        host = netloc
+        if ":" in netloc:
+            host, _, port = netloc.rpartition(":")
+            if ":" in host:
+                raise refuse("an IPv6 address goes in brackets (http://[::1]:8080)")
+        if not host:
+            raise refuse("must name a host")
+        if _IPV4_LIKE.fullmatch(host):
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError:
+                raise refuse(f"{host!r} is not an IPv4 address") from None
+        elif not host.isascii():
+            # IDNA has two standards that disagree; the xn-- form means one thing to all.
+            raise refuse(f"write the international host name {host!r} in its xn-- form")
+        else:
+            labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+            if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+                raise refuse(f"{host!r} is not a valid host name")
+    if port is not None and not (
+        port.isascii() and port.isdigit() and len(port) <= 5 and 1 <= int(port) <= 65535
+    ):
+        raise refuse(f"the port must be a number 1..65535 ({port!r})")
+    return url
+
+
 def _capabilities(value: Any, key: str, warnings: list[str]) -> Capabilities:
     """``capabilities``: ``in``/``out`` modality lists, ``tools``, ``reranker``, ``context``."""
     caps = _mapping(value, key)
@@ -927,6 +1274,8 @@ def _model_timeouts(value: Any, key: str, warnings: list[str]) -> ModelTimeouts:
 
 def _command(value: Any, key: str) -> tuple[str, ...]:
     text = _string(value, key)
+    if "\0" in text:  # no program takes one in its argv: refused here, not at each start
+        raise ConfigError(key, "must not contain a NUL character")
     try:
         return split_command(text)
     except ValueError as exc:
@@ -946,6 +1295,8 @@ def _environment(value: Any, key: str) -> dict[str, str]:
         name, sep, setting = item.partition("=")
         if not sep or not name.strip():
             raise ConfigError(f"{key}[{i}]", f"must look like NAME=value, got {item!r}")
+        if "\0" in item:
+            raise ConfigError(f"{key}[{i}]", "must not contain a NUL character")
         env[name] = setting
     return env
 
@@ -1318,10 +1669,11 @@ def _queue_bounds(value: Any, use: Policy) -> QueueBounds:
 
 
 def _api_keys(value: Any) -> dict[str, ApiKey]:
-    """``apiKeys``: a list of keys (llama-swap) or ``{name, key, priority}`` mappings.
+    """``apiKeys``: a list of keys (llama-swap) or ``{name, key, priority, scopes}`` mappings.
 
     A plain key is named ``key-<position>`` (from 1). Keys must be non-empty and contain no
-    whitespace; keys and names must be unique.
+    whitespace; keys and names must be unique. A key without ``scopes`` (a plain string
+    key included) may use inference only (:data:`scheduler.keys.DEFAULT_SCOPES`).
     """
     if value is None:
         return {}
@@ -1335,7 +1687,7 @@ def _api_keys(value: Any) -> dict[str, ApiKey]:
             for name in entry:
                 if name not in _API_KEY_FIELDS:
                     raise ConfigError(
-                        f"{where}.{name}", "unknown field (use name, key and priority)"
+                        f"{where}.{name}", "unknown field (use name, key, priority and scopes)"
                     )
             if entry.get("key") is None:
                 raise ConfigError(f"{where}.key", "required: the key clients present")
@@ -1349,8 +1701,10 @@ def _api_keys(value: Any) -> dict[str, ApiKey]:
             if not name:
                 raise ConfigError(f"{where}.name", "must not be empty")
             policy = key_policy(entry.get("priority"), f"{where}.priority")
+            scopes = key_scopes(entry.get("scopes"), f"{where}.scopes")
         elif entry is None or isinstance(entry, str | int | float) and not isinstance(entry, bool):
             key_path, raw_key, name, policy = where, entry, f"key-{i + 1}", KeyPolicy()
+            scopes = DEFAULT_SCOPES
         else:
             raise ConfigError(
                 where, f"must be a key or a mapping of name, key and priority, got {_kind(entry)}"
@@ -1362,8 +1716,27 @@ def _api_keys(value: Any) -> dict[str, ApiKey]:
             name_path = f"{where}.name" if isinstance(entry, Mapping) else where
             raise ConfigError(name_path, f"duplicate name {name!r}: already used by {named[name]}")
         named[name] = where
-        keys[key] = ApiKey(name=name, policy=policy, source="config")
+        keys[key] = ApiKey(name=name, policy=policy, source="config", scopes=scopes)
     return keys
+
+
+def key_scopes(value: Any, path: str) -> frozenset[KeyScope]:
+    """``scopes``: a non-empty list of :class:`~scheduler.keys.Scope` names; absent (or
+    null): inference only. An unknown name is an error naming ``<path>[j]``."""
+    if value is None:
+        return DEFAULT_SCOPES
+    known = ", ".join(s.value for s in KeyScope)
+    if not isinstance(value, list):
+        raise ConfigError(path, f"must be a list of scopes ({known}), got {_kind(value)}")
+    if not value:
+        raise ConfigError(path, f"must name at least one scope ({known}); leave it out for inference only")
+    scopes = set()
+    for j, item in enumerate(value):
+        try:
+            scopes.add(KeyScope(item.strip()) if isinstance(item, str) else KeyScope(item))
+        except ValueError:
+            raise ConfigError(f"{path}[{j}]", f"unknown scope {item!r} (use {known})") from None
+    return frozenset(scopes)
 
 
 def check_api_key(key: str, path: str) -> str:
@@ -1432,37 +1805,120 @@ def _log_time_format(value: Any, warnings: list[str]) -> str:
     return name
 
 
-def _upstream_ignore_paths(value: Any, warnings: list[str]) -> tuple[re.Pattern[str], ...]:
+def _upstream_ignore_paths(value: Any, warnings: list[str]) -> tuple[PathPattern, ...]:
     """``upstream.ignorePaths``: regular expressions; empty or absent: llama-swap's default.
 
-    llama-swap compiles them as Go RE2; they are compiled with Python's ``re`` here, whose
-    syntax is the same for everyday patterns (RE2-only forms such as ``\\z`` are an error).
+    Compiled as RE2, as llama-swap compiles them (Go's regexp): the same syntax, and
+    matching linear in the path whatever the pattern (no backtracking: a path any client
+    sends must not cost quadratic time). What RE2 refuses (backreferences, lookarounds)
+    is a ConfigError, as in llama-swap.
     """
     upstream = _mapping(value, "upstream")
-    _warn_unknown(upstream, "upstream", {"ignorePaths"}, warnings)
+    _warn_unknown(upstream, "upstream", {"ignorePaths", "allowPaths"}, warnings)
     patterns = _string_list(upstream.get("ignorePaths"), "upstream.ignorePaths")
     if not patterns:
-        return (re.compile(DEFAULT_UPSTREAM_IGNORE_PATHS),)
-    compiled: list[re.Pattern[str]] = []
+        return (_compile_re2(DEFAULT_UPSTREAM_IGNORE_PATHS),)
+    compiled: list[PathPattern] = []
     for i, pattern in enumerate(patterns):
         try:
-            compiled.append(re.compile(pattern))
-        except re.error as exc:
+            compiled.append(_compile_re2(pattern))
+        except re2.error as exc:
+            reason = exc.args[0] if exc.args else exc
+            if isinstance(reason, bytes):
+                reason = reason.decode("utf-8", "replace")
             raise ConfigError(
-                f"upstream.ignorePaths[{i}]", f"invalid regular expression {pattern!r}: {exc}"
+                f"upstream.ignorePaths[{i}]", f"invalid regular expression {pattern!r}: {reason}"
             ) from None
     return tuple(compiled)
 
 
+def _upstream_allow_paths(value: Any) -> tuple[PathPattern, ...]:
+    """``upstream.allowPaths`` (ours): regular expressions (RE2, searched as
+    ``ignorePaths``) naming the paths ``/upstream/<model>/...`` may reach; empty or absent:
+    :data:`DEFAULT_UPSTREAM_ALLOW_PATHS`. ``[".*"]`` lets every path through (llama-swap)."""
+    upstream = _mapping(value, "upstream")
+    patterns = _string_list(upstream.get("allowPaths"), "upstream.allowPaths")
+    compiled: list[PathPattern] = []
+    for i, pattern in enumerate(patterns or DEFAULT_UPSTREAM_ALLOW_PATHS):
+        try:
+            compiled.append(_compile_re2(pattern))
+        except re2.error as exc:
+            reason = exc.args[0] if exc.args else exc
+            if isinstance(reason, bytes):
+                reason = reason.decode("utf-8", "replace")
+            raise ConfigError(
+                f"upstream.allowPaths[{i}]", f"invalid regular expression {pattern!r}: {reason}"
+            ) from None
+    return tuple(compiled)
+
+
+_CORS_KEYS_LATER = frozenset(
+    {"allowCredentials", "allowedMethods", "allowedHeaders", "exposedHeaders", "maxAge"}
+)
+"""llama-swap's other ``security.cors`` keys: read (and warned about) but not applied yet."""
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _security(value: Any, warnings: list[str]) -> Security:
+    """``security``: ``cors.allowedOrigins`` (llama-swap's key; entries ``scheme://host[:port]``
+    or ``"*"``; default none here, any in llama-swap) and ``basicAuthChallenge`` (ours)."""
+    security = _mapping(value, "security")
+    _warn_unknown(security, "security", {"cors", "basicAuthChallenge"}, warnings)
+    cors = _mapping(security.get("cors"), "security.cors")
+    for name in cors:
+        if name in _CORS_KEYS_LATER:
+            warnings.append(f"security.cors.{name}: not supported yet; ignored")
+        elif name != "allowedOrigins":
+            warnings.append(f"security.cors.{name}: unknown key; ignored")
+    origins: set[str] = set()
+    any_origin = False
+    entries = _string_list(cors.get("allowedOrigins"), "security.cors.allowedOrigins")
+    for i, entry in enumerate(entries):
+        if entry == "*":
+            any_origin = True
+        else:
+            origins.add(_origin(entry, f"security.cors.allowedOrigins[{i}]"))
+    challenge = _bool(
+        _default(security.get("basicAuthChallenge"), False), "security.basicAuthChallenge"
+    )
+    return Security(frozenset(origins), any_origin, challenge)
+
+
+def _origin(text: str, key: str) -> str:
+    """An origin as browsers send it: ``scheme://host[:port]`` lowercased, without the
+    scheme's default port (so ``https://A.example:443`` matches ``https://a.example``)."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(key, f"{text!r} is not an origin: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise ConfigError(
+            key, f"{text!r} must be an http(s)://host[:port] origin, e.g. https://chat.example.com"
+        )
+    if parts.path or parts.query or parts.fragment or "@" in parts.netloc or text != text.strip():
+        raise ConfigError(
+            key, f"{text!r} must be a bare origin: no path (not even /), query, fragment, user or spaces"
+        )
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    if port is None or port == _DEFAULT_PORTS[scheme]:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
+
+
 def _request_limits(value: Any, warnings: list[str]) -> RequestLimits:
-    """``limits``: ``maxBodyBytes`` >= 1, and the client timeouts >= 0 (0 disables one)."""
+    """``limits``: ``maxBodyBytes`` and ``maxJsonValues`` >= 1, and the client timeouts
+    >= 0 (0 disables one)."""
     limits = _mapping(value, "limits")
     _warn_unknown(limits, "limits", set(_LIMIT_KEYS), warnings)
     values: dict[str, Any] = {}
     for setting, name in _LIMIT_KEYS.items():
         if limits.get(setting) is None:
             continue
-        if setting == "maxBodyBytes":
+        if setting in _LIMIT_COUNTS:
             values[name] = _int(limits[setting], f"limits.{setting}", 1)
         else:
             values[name] = _number(limits[setting], f"limits.{setting}")
@@ -1492,7 +1948,8 @@ def _kind(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return f"{type(value).__name__} {value!r}"
+    shown = repr(value)  # bounded by check_size; cut short for the message
+    return f"{type(value).__name__} {shown if len(shown) <= 200 else shown[:200] + '...'}"
 
 
 def _int(value: Any, key: str, minimum: int | None = None) -> int:

@@ -5,10 +5,13 @@ llama-swap's ``apiKeys`` is a list of strings; here an entry may also be a mappi
 rules)::
 
     apiKeys:
-      - "sk-plain-llama-swap-key"            # name "key-1", no priority rule
+      - "sk-plain-llama-swap-key"            # name "key-1", no priority rule, inference only
       - name: batch-farm
         key: ${env.BATCH_KEY}
         priority: {default: batch, ceiling: normal, offset: 0}
+      - name: ops
+        key: ${env.OPS_KEY}
+        scopes: [inference, models, profiles, operator, metrics]
 
 The rule, applied to the ``X-LlamaSwap-Priority`` header:
 
@@ -16,6 +19,12 @@ The rule, applied to the ``X-LlamaSwap-Priority`` header:
 * ``ceiling``: the header cannot claim more than this (the request is not refused: it
   runs at the ceiling, and its record keeps what was asked for);
 * ``offset``: added after the ceiling (a tier bonus that breaks ties inside a band).
+
+What a key may reach is its :class:`Scope` set: inference only unless the key is granted
+more (``llamaswap_site.asgi`` maps every path to the scope it needs). A box "stays keyed"
+(:attr:`KeyRing.required`): once any key has been in force, removing the last one does not
+open it; only an operator's explicit act does (dashboard/keys.py keeps that in the
+database).
 
 A key is presented as llama-swap reads it: the password of ``Authorization: Basic``, then
 ``Authorization: Bearer``, then ``x-api-key``. Keys are looked up by their SHA-256 digest,
@@ -28,11 +37,44 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import MappingProxyType
 
 from scheduler.core.priority import parse_priority_or_none
+
+
+class Scope(StrEnum):
+    """What a key may reach. Declared once; ``llamaswap_site.asgi.PATH_SCOPES`` says which
+    path needs which."""
+
+    INFERENCE = "inference"
+    """The OpenAI endpoints, ``/v1/models``, ``/running``, ``/upstream``, reading
+    ``/api/profiles``: using the models, never changing what others get."""
+    MODELS = "models"
+    """``/unload``, ``/api/models/unload[/{model}]``: stopping models (another user's
+    answer included)."""
+    PROFILES = "profiles"
+    """``PUT /api/profiles/active``: switching the active profile for everyone."""
+    OPERATOR = "operator"
+    """``/api/queue``, ``/logs``, ``/logs/stream``, ``/api/metrics/activity``,
+    ``/api/requests/{id}``: other users' requests, prompts in model output, key names."""
+    METRICS = "metrics"
+    """``/metrics``: counters and gauges only, so a Prometheus scraper reads no prompt."""
+
+
+ALL_SCOPES: frozenset[Scope] = frozenset(Scope)
+DEFAULT_SCOPES: frozenset[Scope] = frozenset({Scope.INFERENCE})
+"""A key given no scopes (llama-swap's plain string keys included): inference only."""
+
+
+def missing_scope_message(scope: Scope, path: str, key_name: str) -> str:
+    """The 403's message: which scope the key lacks, and how to grant it."""
+    return (
+        f"API key {key_name!r} lacks the scope {scope.value!r} that {path} needs; "
+        f"grant it in the key's scopes (apiKeys[].scopes, or the admin's issued key)"
+    )
 
 
 @dataclass(frozen=True)
@@ -63,6 +105,11 @@ class ApiKey:
     policy: KeyPolicy = field(default_factory=KeyPolicy)
     source: str = "config"
     """``config`` (the YAML) or ``admin`` (issued in the admin)."""
+    scopes: frozenset[Scope] = DEFAULT_SCOPES
+    """What the key may reach (:class:`Scope`)."""
+
+    def allows(self, scope: Scope) -> bool:
+        return scope in self.scopes
 
 
 def digest(key: str) -> str:
@@ -73,17 +120,46 @@ def digest(key: str) -> str:
 class KeyRing:
     """Every key in force: the config's and the admin's. Lookups cost one hash and one
     dict access, never a database query; :meth:`set_admin_keys` replaces the admin part
-    when an operator creates or revokes a key."""
+    when an operator creates or revokes a key.
+
+    Once it has held a key the ring stays :attr:`required` when the last one goes (a
+    revoked or deleted key, a config reload without ``apiKeys``): every key-needing path
+    then refuses everyone but staff sessions until :meth:`set_required` turns it off, an
+    operator's explicit act. ``on_required`` is called when the ring becomes required by
+    itself (a key arrived), so the composition can persist it; it must not block.
+    """
 
     def __init__(self, config_keys: Mapping[str, ApiKey] | None = None) -> None:
         self._config = {digest(k): v for k, v in (config_keys or {}).items()}
         self._admin: dict[str, ApiKey] = {}
         self._all: Mapping[str, ApiKey] = MappingProxyType(dict(self._config))
+        self._required = bool(self._all)
+        self.on_required: Callable[[], None] | None = None
 
     @property
     def enabled(self) -> bool:
-        """Are keys required? (Any key configured or issued, revoked ones aside.)"""
-        return bool(self._all)
+        """Are keys required? (Any key in force, or the box stays keyed: :attr:`required`.)"""
+        return self._required or bool(self._all)
+
+    @property
+    def required(self) -> bool:
+        """Has access control been turned on and not explicitly off since?"""
+        return self._required
+
+    @property
+    def has_config_keys(self) -> bool:
+        return bool(self._config)
+
+    def set_required(self, required: bool) -> None:
+        """Turn access control on or off on purpose (the admin's act, or the stored state
+        at start). Off opens the box only when no key is in force."""
+        self._required = required
+
+    def _keys_changed(self) -> None:
+        if self._all and not self._required:
+            self._required = True
+            if self.on_required is not None:
+                self.on_required()
 
     def lookup(self, presented: str | None) -> ApiKey | None:
         if not presented:
@@ -94,11 +170,13 @@ class KeyRing:
         """The config's ``apiKeys`` after a reload (the admin-issued ones stay)."""
         self._config = {digest(k): v for k, v in config_keys.items()}
         self._all = MappingProxyType({**self._admin, **self._config})
+        self._keys_changed()
 
     def set_admin_keys(self, digests: Mapping[str, ApiKey]) -> None:
         """The admin-issued keys in force, by :func:`digest` (revoked ones left out)."""
         self._admin = dict(digests)
         self._all = MappingProxyType({**self._admin, **self._config})
+        self._keys_changed()
 
     def names(self) -> list[str]:
         return sorted({k.name for k in self._all.values()})

@@ -27,17 +27,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlsplit
 
 from scheduler.config import (
     PROTECTED_PARAMS,
     Config,
     ConfigError,
+    MacroScope,
     ModelConfig,
     ModelTimeouts,
     _bool,
+    _Budget,
     _default,
-    _format,
     _int,
     _kind,
     _mapping,
@@ -46,6 +46,8 @@ from scheduler.config import (
     _string_list,
     _strip_params,
     _warn_unknown,
+    check_url,
+    expand_macros,
 )
 from scheduler.process import ModelState
 
@@ -276,7 +278,9 @@ def choose_spillover(slots: Sequence[tuple[ModelState | None, int]], spillover: 
 # --------------------------------------------------------------------------- parsing
 
 
-def expand_set_params_keys(model: dict[str, Any], scope: list[tuple[str, Any]], key: str) -> None:
+def expand_set_params_keys(
+    model: dict[str, Any], scope: MacroScope, key: str, budget: _Budget
+) -> None:
     """Macros in the keys of ``filters.setParamsByID`` (``${MODEL_ID}:high``), as
     llama-swap expands them: in the model's scope, last declared first. In place."""
     filters = model.get("filters")
@@ -285,9 +289,7 @@ def expand_set_params_keys(model: dict[str, Any], scope: list[tuple[str, Any]], 
     expanded: dict[str, Any] = {}
     originals: dict[str, str] = {}
     for raw_key, params in filters["setParamsByID"].items():
-        name = str(raw_key)
-        for macro, value in reversed(scope):
-            name = name.replace(f"${{{macro}}}", _format(value))
+        name = expand_macros(str(raw_key), scope, f"{key}.filters.setParamsByID", budget, typed=False)
         if name in expanded:
             raise ConfigError(
                 f"{key}.filters.setParamsByID",
@@ -384,9 +386,7 @@ def _peers(value: Any, warnings: list[str]) -> dict[str, Peer]:
         proxy = _string(_default(settings.get("proxy"), ""), f"{key}.proxy").strip()
         if not proxy:
             raise ConfigError(f"{key}.proxy", "required: the peer's base URL")
-        url = urlsplit(proxy)
-        if url.scheme not in ("http", "https") or not url.netloc:
-            raise ConfigError(f"{key}.proxy", f"must be an http(s) URL, got {proxy!r}")
+        check_url(proxy, f"{key}.proxy")
         listed = _string_list(settings.get("models"), f"{key}.models")
         names: list[str] = []
         for i, name in enumerate(listed):
@@ -412,7 +412,7 @@ def _peers(value: Any, warnings: list[str]) -> dict[str, Peer]:
             id=peer_id,
             proxy=proxy,
             models=tuple(names),
-            api_key=_string(_default(settings.get("apiKey"), ""), f"{key}.apiKey").strip(),
+            api_key=_header_value(settings.get("apiKey"), f"{key}.apiKey"),
             strip_params=_strip_params(_string(strip_text, f"{key}.filters.stripParams")),
             set_params=MappingProxyType(set_params),
             set_params_by_id=MappingProxyType(
@@ -421,6 +421,17 @@ def _peers(value: Any, warnings: list[str]) -> dict[str, Peer]:
             timeouts=timeouts,
         )
     return peers
+
+
+def _header_value(value: Any, key: str) -> str:
+    """A peer's ``apiKey``: sent in a header, so visible ASCII only (a newline or a
+    non-ASCII character would fail every request to the peer instead of the load)."""
+    text = _string(_default(value, ""), key).strip()
+    if not all("!" <= c <= "~" for c in text):
+        raise ConfigError(
+            key, "must be visible ASCII characters (no whitespace, control or non-ASCII ones)"
+        )
+    return text
 
 
 def _peer_routes(

@@ -18,11 +18,27 @@ counts as a change too.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from scheduler.config import Config, ConfigError, parse_config, read_yaml
+from scheduler.config import (
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_CHARS,
+    MAX_CONFIG_VALUES,
+    Config,
+    ConfigError,
+    check_size,
+    parse_config,
+    read_yaml,
+)
+
+log = logging.getLogger("llamaswap.config")
+
+MAX_CONFIG_FILES = 1000
+"""The most ``*.yml``/``*.yaml`` fragments a ``--config-dir`` may hold (each is opened and
+parsed at every load)."""
 
 IDENTITY_MAPS = frozenset(
     {
@@ -52,6 +68,10 @@ def source_files(config: str = "", config_dir: str = "") -> list[str]:
             )
         except OSError as exc:
             raise ConfigError(config_dir, f"cannot read the config directory: {exc.strerror}") from None
+        if len(names) > MAX_CONFIG_FILES:
+            raise ConfigError(
+                config_dir, f"more than {MAX_CONFIG_FILES} *.yml/*.yaml files in the config directory"
+            )
         fragments = [os.path.join(config_dir, name) for name in names]
         if config and any(Path(f).resolve() == Path(config).resolve() for f in fragments):
             raise ConfigError(
@@ -64,11 +84,38 @@ def source_files(config: str = "", config_dir: str = "") -> list[str]:
 
 
 def load_sources(config: str = "", config_dir: str = "") -> Config:
-    """Read, merge and parse the config. Raises :class:`ConfigError`."""
+    """Read, merge and parse the config. Raises :class:`ConfigError`, and nothing else.
+
+    Any other exception is a parser bug that a file triggered: for the operator it is still
+    a refused config (``check`` exits 1, ``serve`` does not start, a reload keeps the old
+    config), reported as a ConfigError naming the file; its traceback is logged at debug.
+    """
+    try:
+        return _load_sources(config, config_dir)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        where = ", ".join(p for p in (config, config_dir) if p)
+        log.debug("loading the config %s failed", where, exc_info=True)
+        raise ConfigError(where, f"cannot load the config: {type(exc).__name__}: {exc}") from exc
+
+
+def _load_sources(config: str, config_dir: str) -> Config:
     files = source_files(config, config_dir)
     merged: dict[str, Any] | None = None
+    left = MAX_CONFIG_BYTES  # for all the files together
+    values = chars = 0  # the merged config holds at most the sum of the files
     for path in files:
-        data = read_yaml(path)
+        data = read_yaml(path, max_bytes=left)
+        left -= _size(path)
+        more_values, more_chars = check_size(data, path)  # before _merge walks it
+        values, chars = values + more_values, chars + more_chars
+        if values > MAX_CONFIG_VALUES or chars > MAX_CONFIG_CHARS:
+            raise ConfigError(
+                path,
+                f"the config sources up to this one hold more than {MAX_CONFIG_VALUES} values "
+                f"or {MAX_CONFIG_CHARS} characters once YAML aliases are expanded",
+            )
         if data is None:
             continue  # an empty file
         if not isinstance(data, dict):
@@ -78,6 +125,13 @@ def load_sources(config: str = "", config_dir: str = "") -> Config:
         else:
             _merge(merged, data, "", path)
     return parse_config(merged or {}, source=", ".join(files))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:  # read a moment ago; gone since: the next reload sees it
+        return 0
 
 
 def fingerprint(config: str = "", config_dir: str = "") -> tuple[tuple[str, int, int], ...]:

@@ -19,7 +19,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from proxy.urls import INFERENCE_PATHS
 from scheduler import runtime
 from scheduler.config import parse_config
-from scheduler.keys import ApiKey, KeyRing, digest
+from scheduler.keys import ALL_SCOPES, ApiKey, KeyRing, digest
 from tests.asgi import http_scope, in_process
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -31,8 +31,8 @@ HOST = b"127.0.0.1:8080"
 
 # -- the rules: every URL pattern -> its class and a request that exercises it -------------
 
-API_KEY = "api-key"  # keys configured: a valid key, else 401
-KEY_OR_STAFF = "api-key-or-staff"  # the same, or a staff member's session
+API_KEY = "api-key"  # keys configured: a valid key (the table's has every scope) or a staff session, else 401
+KEY_OR_STAFF = "api-key-or-staff"  # the same (staff sessions reach every key path since scopes)
 LOGIN = "login"  # keys configured (or DASHBOARD_REQUIRE_LOGIN): a Django login, else 302
 ADMIN = "admin"  # Django's admin: always a staff login
 EXEMPT = "exempt"  # open whatever is configured
@@ -159,9 +159,7 @@ def expected(kind: str, credential: str, baseline: int, keys: bool) -> int:
         return 405 if credential == "staff session" else 302
     if not keys:
         return baseline
-    if kind == API_KEY:
-        return baseline if credential in KEYED else 401
-    if kind == KEY_OR_STAFF:
+    if kind in (API_KEY, KEY_OR_STAFF):  # scopes: tests/test_key_scopes.py
         return baseline if credential in KEYED | {"staff session"} else 401
     if kind == LOGIN:
         return baseline if credential in LOGGED_IN else 302
@@ -173,7 +171,7 @@ def _config():
 
 
 def _ring() -> KeyRing:
-    return KeyRing({KEY: ApiKey("config-key")})
+    return KeyRing({KEY: ApiKey("config-key", scopes=ALL_SCOPES)})
 
 
 class Answer:
@@ -241,18 +239,19 @@ async def test_access_table(sessions):
                         error = json.loads(call.body)["error"]
                         assert error["code"] == "invalid_api_key"
                         assert error["type"] == "invalid_request_error"
-                        assert call.headers[b"www-authenticate"] == b'Basic realm="llamaswap"'
+                        assert b"www-authenticate" not in call.headers  # no Basic challenge
                         assert call.headers[b"x-llamaswap-request-id"]
     assert not failures, "\n".join(failures)
     # The baseline is a real answer, not a refusal of its own.
     assert baseline["health"] == 200 and baseline["logs"] == 200 and baseline[""] == 200
 
 
-async def test_missing_key_is_a_401_with_a_basic_challenge():
+async def test_missing_key_is_a_401_without_a_basic_challenge():
+    # The challenge only with security.basicAuthChallenge (tests/test_cross_site.py).
     async with in_process(_config(), keys=_ring()) as world:
         call = await _request(world.app, "GET", "/v1/models")
         assert call.status == 401
-        assert call.headers[b"www-authenticate"] == b'Basic realm="llamaswap"'
+        assert b"www-authenticate" not in call.headers
         assert call.headers[b"content-type"] == b"application/json"
         assert call.headers[b"x-llamaswap-request-id"]
         assert json.loads(call.body) == {
@@ -291,7 +290,7 @@ async def test_the_key_found_is_put_in_the_scope():
             "GET", "/v1/models", headers=[(b"host", HOST), (b"x-api-key", KEY.encode())]
         )
         assert await access_refusal(scope) is None
-        assert scope[API_KEY_SCOPE] == ApiKey("config-key")
+        assert scope[API_KEY_SCOPE] == ApiKey("config-key", scopes=ALL_SCOPES)
         refused = http_scope("GET", "/v1/models", headers=[(b"host", HOST)])
         assert (await access_refusal(refused)).status_code == 401
         assert API_KEY_SCOPE not in refused

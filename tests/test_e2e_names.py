@@ -14,7 +14,7 @@ import pytest
 
 from scheduler import runtime
 from scheduler.config import parse_config
-from scheduler.keys import ApiKey, KeyRing
+from scheduler.keys import ApiKey, KeyRing, Scope
 from tests.asgi import Body, Call, in_process
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
@@ -230,10 +230,18 @@ async def test_profile_switch_via_the_api_changes_resolution_and_is_audited():
 async def test_with_keys_the_switch_needs_one_and_names_it():
     from dashboard.models import SettingsChange
 
-    ring = KeyRing({"sk-ops": ApiKey("ops")})
+    ring = KeyRing(
+        {
+            "sk-chat": ApiKey("chat"),
+            "sk-ops": ApiKey("ops", scopes=frozenset({Scope.INFERENCE, Scope.PROFILES})),
+        }
+    )
     async with in_process(config(), transport=Recording(), keys=ring) as world:
         body = b'{"name": "quiet"}'
         assert (await api(world, "PUT", "/api/profiles/active", body)).status == 401
+        # An inference key (the default scope) may not switch the profile for everyone.
+        chat = [(b"authorization", b"Bearer sk-chat")]
+        assert (await api(world, "PUT", "/api/profiles/active", body, chat)).status == 403
         assert runtime.current().profile == ""
         auth = [(b"authorization", b"Bearer sk-ops")]
         assert (await api(world, "PUT", "/api/profiles/active", body, auth)).status == 200
@@ -357,7 +365,7 @@ async def test_upstream_takes_the_profiles_pin_but_no_selector():
         assert (await api(world, "POST", "/upstream/llm-code/x", b"{}")).status == 404
         assert (await api(world, "POST", "/upstream/pool/x", b"{}")).status == 404  # a selector
         runtime.current().profile = "coding"
-        call = await api(world, "POST", "/upstream/llm-code/x", b"{}")
+        call = await api(world, "POST", "/upstream/llm-code/completion", b"{}")
         assert call.status == 200 and upstream.seen[-1][0] == "127.0.0.1:9002"
         ticket = await finished(world, call)
         assert ticket.model.id == "coder" and ticket.extra["requested_model"] == "llm-code"

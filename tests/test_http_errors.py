@@ -445,7 +445,13 @@ LAUNCH = textwrap.dedent(
 """``manage.py serve`` with ``http_server.install()`` first (serve calls it itself once wired;
 install is idempotent)."""
 
-HOOKS = {"_respondToBadRequestAndDisconnect", "lineLengthExceeded", "basic_error", "_parsePOSTFormSubmission"}
+HOOKS = {
+    "_respondToBadRequestAndDisconnect",
+    "lineLengthExceeded",
+    "basic_error",
+    "handle_reply",
+    "_parsePOSTFormSubmission",
+}
 
 RAW_CASES = [
     (b"GARBAGE\r\n\r\n", 400, "malformed_request_line"),

@@ -247,11 +247,20 @@ async def test_a_malformed_upstream_url_is_refused_before_it_takes_a_turn(proxy)
     assert list(proxy.recorder.finished) == [nxt.request_id]  # never queued
 
 
+ALL_PATHS = {"models": {"m": {"cmd": "x", "proxy": "http://m"}}, "upstream": {"allowPaths": [""]}}
+
+
 @pytest.mark.parametrize(
     "sent",
     [b"/a%3Fb?q=1", b"/x%23y", b"/a%2Fb/c", b"/100%25", b"/v1/models", b"/"],
 )
 async def test_upstream_passthrough_sends_the_path_as_the_client_wrote_it(proxy, sent):
+    from dataclasses import replace
+
+    from scheduler import runtime
+
+    rt = runtime.current()  # every path allowed: the encoding is what is tested here
+    rt.config = replace(rt.config, upstream_allow_paths=parse_config(ALL_PATHS).upstream_allow_paths)
     call = Call(proxy.app, "/upstream/m" + sent.decode(), b"", method="GET")
     await call.done()
     assert call.status == 200

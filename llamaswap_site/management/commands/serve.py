@@ -142,6 +142,7 @@ class Command(BaseCommand):
         reloader = Reloader(path, config_dir)
         prepare_server()  # state dir, subreaper, kill what dead instances left (scheduler.process)
         http_server.install_limits(config.limits)  # slow or oversized clients, per connection
+        http_server.install_websocket_limits()  # websocket floods and clients that do not read
         for warning in config.warnings:
             self.stderr.write(f"warning: {warning}")
         host, port = parse_listen(options["listen"])
@@ -164,8 +165,9 @@ class Command(BaseCommand):
         stored = apply_at_start_or_config(config.scheduler)
         config = dataclasses.replace(config, scheduler=stored.settings)
 
-        from llamaswap_site.observers import build_observers
+        from llamaswap_site.observers import build_observers, replay_activity_journals
 
+        replay_activity_journals()  # records a killed server journaled, before serving
         observers = build_observers(config)
         dispatcher = Dispatcher(config, observers=observers)
         apply_log_config(config, dispatcher.logs)  # logToStdout, logTimeFormat
@@ -245,7 +247,13 @@ class Command(BaseCommand):
         def spawn(coro) -> None:
             task = loop.create_task(coro)
             background.add(task)
-            task.add_done_callback(background.discard)
+            task.add_done_callback(settled)
+
+        def settled(task: asyncio.Task) -> None:
+            # Logged here, not lost as "Task exception was never retrieved" at exit.
+            background.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("background task %s failed", task.get_name(), exc_info=task.exception())
 
         def ready() -> None:
             for signum in (signal.SIGINT, signal.SIGTERM):
