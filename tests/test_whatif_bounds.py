@@ -42,6 +42,10 @@ class Worker:
 
 @pytest.fixture
 def worker(monkeypatch) -> Worker:
+    # A replay another test started on the real worker may still be pending: start empty.
+    with whatif._lock:
+        whatif._running.clear()
+        whatif._owners.clear()
     whatif.clear()
     held = Worker()
     monkeypatch.setattr(whatif, "_submit", held)
