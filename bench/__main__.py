@@ -16,6 +16,7 @@ MODULES = [
     "bench.bench_gap",
     "bench.bench_proxy",
     "bench.bench_overload",
+    "bench.bench_journal",
 ]
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
