@@ -21,6 +21,8 @@ _FIELDS = (
     "load_ms",
     "needs_swap",
     "reordered_by",
+    "outcome",
+    "lane",
 )
 _TERMS = {term.value: term for term in Term}
 
@@ -45,7 +47,8 @@ def history_rows(
         return None if when is None else (when - origin).total_seconds()
 
     out = []
-    for rid, model, priority, arrived, dispatched, ready, finished, load_ms, swap, terms in values:
+    for row in values:
+        rid, model, priority, arrived, dispatched, ready, finished, load_ms, swap, terms = row[:10]
         out.append(
             HistoryRow(
                 request_id=rid,
@@ -58,6 +61,8 @@ def history_rows(
                 load=None if load_ms is None else load_ms / 1000.0,
                 swapped=swap,
                 reordered_by=frozenset(_TERMS[t] for t in terms or () if t in _TERMS),
+                outcome=row[10],
+                lane=row[11],
             )
         )
     return out, origin

@@ -18,7 +18,7 @@ at most the records of the last second that had not reached the database yet (an
 the database itself loses: its own commit durability).
 
 Files: ``<state dir>/activity/activity-<pid>-<start>-<n>.journal`` (the owner id of
-:func:`scheduler.process.owner_id`, so servers sharing a state directory never write to
+:func:`scheduler.sweep.owner_id`, so servers sharing a state directory never write to
 or replay each other's while they run), segments of about :data:`SEGMENT_BYTES`. A new
 segment starts once the current one is that big; a segment is deleted once every record
 in it is in the database. At most :data:`MAX_BYTES` are kept: beyond that (the database
@@ -184,7 +184,7 @@ class Journal:
         return self._bytes
 
     def append(self, record: tuple[Any, ...]) -> int:
-        """Write one record (``activity.recorder.snapshot``: plain values); its sequence
+        """Write one record (``activity.rows.snapshot``: plain values); its sequence
         number, or 0 if it was not journaled."""
         segment = self._segments[-1] if self._segments else None
         if segment is None or segment.fd is None or self._sealed:
@@ -407,7 +407,7 @@ class _Read:
 
 
 def _owner_alive(owner: str) -> bool:
-    """The server ``<pid>:<start time>`` (:func:`scheduler.process.owner_id`) still runs:
+    """The server ``<pid>:<start time>`` (:func:`scheduler.sweep.owner_id`) still runs:
     its journal is its own business. The start time tells a reused pid apart."""
     pid, _, start = owner.partition(":")
     try:
@@ -493,11 +493,11 @@ def replay(
 
     ``database`` (default :func:`database_identity`) names the database: a journal written
     for another is left alone. ``alive`` says whether an owner still runs; ``writer``
-    (default :func:`activity.recorder.write_rows`) saves rows and raises on a database
+    (default :func:`activity.rows.write_rows`) saves rows and raises on a database
     error, which keeps that journal.
     """
     if writer is None:
-        from activity.recorder import write_rows
+        from activity.rows import write_rows
 
         writer = write_rows
     if database is None:
@@ -565,7 +565,7 @@ def replay_dead(directory: str | os.PathLike[str] | None = None) -> int:
     and the recorder once its database answers). Returns how many journals were kept
     because the database failed. Blocking."""
     if directory is None:
-        from scheduler.process import state_dir
+        from scheduler.sweep import state_dir
 
         directory = directory_for(state_dir())
     return replay(directory).kept
@@ -573,7 +573,7 @@ def replay_dead(directory: str | os.PathLike[str] | None = None) -> int:
 
 def for_server(**options: Any) -> Journal:
     """This server's journal in the state directory, opened. Raises ``OSError``."""
-    from scheduler.process import owner_id, state_dir
+    from scheduler.sweep import owner_id, state_dir
 
     journal = Journal(
         directory_for(state_dir()), owner_id(), database_identity(), **options

@@ -8,7 +8,8 @@
 
 Async views on Django's stock handler, reading with the async ORM. With API keys
 configured the router lets only a valid key through (``llamaswap_site.asgi``); without
-keys, ``DASHBOARD_REQUIRE_LOGIN`` puts them behind the Django login (:func:`_refused`).
+keys, ``DASHBOARD_REQUIRE_LOGIN`` puts them behind the Django login
+(``dashboard.access.api_refusal``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from activity.models import RequestRecord
-from dashboard.views import login_required
-from proxy.errors import echo, error_response
-from proxy.errors import login_required as login_required_response
+from dashboard.access import api_refusal
 from scheduler.core.priority import BANDS
+from web.errors import echo, error_response
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -176,17 +176,9 @@ def _text_params(request: HttpRequest, *names: str) -> None:
             raise BadParameter(name, f"{name} must not contain NUL characters")
 
 
-async def _refused(request: HttpRequest) -> HttpResponse | None:
-    """403 JSON when a login is needed and there is neither one nor an API key."""
-    if getattr(request, "scope", {}).get("llamaswap.api_key") is not None or not login_required():
-        return None
-    user = await request.auser()
-    return None if user.is_authenticated else login_required_response()
-
-
 async def activity(request: HttpRequest) -> HttpResponse:
     """GET /api/metrics/activity?model=&band=&start=&end=&request_id=&api_key=&limit=&page="""
-    if (refusal := await _refused(request)) is not None:
+    if (refusal := await api_refusal(request)) is not None:
         return refusal
     params = request.GET
     try:
@@ -232,7 +224,7 @@ async def activity(request: HttpRequest) -> HttpResponse:
 
 async def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
     """GET /api/requests/{request_id}: the request, its decision, and why it waited."""
-    if (refusal := await _refused(request)) is not None:
+    if (refusal := await api_refusal(request)) is not None:
         return refusal
     if "\x00" in request_id:
         mine = None  # no id has one (and PostgreSQL refuses to compare with it)

@@ -3,7 +3,7 @@
 from django.urls import path
 
 from dashboard import api, profiles
-from proxy.errors import allow_methods
+from web.errors import allow_methods
 
 read = allow_methods("GET", "HEAD")  # read-only: any other method is a JSON 405
 

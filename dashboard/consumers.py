@@ -2,7 +2,7 @@
 
 What a client may send is bounded twice: daphne's websocket protocol closes a client over
 its message budget with 1008 before a message is queued for this consumer
-(``llamaswap_site.http_server.install_websocket_limits``), and here ``refresh`` requests
+(``llamaswap_site.ws_limits.install_websocket_limits``), and here ``refresh`` requests
 are merged: one full snapshot at most every :data:`REFRESH_SPACING` seconds, however many
 arrive. A message that is not a JSON object closes the socket with
 :data:`CLOSE_BAD_MESSAGE`.
@@ -18,7 +18,7 @@ from typing import Any
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from dashboard import live
-from dashboard.views import login_required
+from dashboard.access import login_required
 
 CLOSE_LOGIN_REQUIRED = 4401
 CLOSE_BAD_MESSAGE = 4400

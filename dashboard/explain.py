@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from scheduler.core.policy import aging_points, serial_score
+
 
 class Job(Protocol):
     request_id: str
@@ -97,13 +99,13 @@ def explain(mine: Job, ahead: Sequence[Job]) -> list[Ahead]:
         bonus = job.swap_affinity_bonus or 0
         # The model loaded when the job was picked: the job's own when it needed no swap.
         loaded_then = job.model if job.needs_swap is False else before_pick
-        my_uncapped = (
-            max(0.0, _seconds(job.dispatched_at, mine.arrived_at)) / divisor if divisor else 0.0
-        )
+        # The request's own score at the job's pick, by the core's formula (policy.py).
+        waited = _seconds(job.dispatched_at, mine.arrived_at)
+        my_uncapped = aging_points(waited, divisor, None)
         cap = _aging_cap(job, divisor)
-        my_aging = min(my_uncapped, cap) if cap is not None else my_uncapped
+        my_aging = aging_points(waited, divisor, cap)
         my_affinity = float(bonus) if loaded_then is not None and mine.model == loaded_then else 0.0
-        my_score = mine.priority + my_affinity + my_aging
+        my_score = serial_score(mine.priority, my_affinity, my_aging)
         priority_gap = job.score - (job.affinity or 0.0) - (job.aging or 0.0) - mine.priority
         affinity_gap = (job.affinity or 0.0) - my_affinity
         static_gap = priority_gap + affinity_gap
@@ -150,7 +152,7 @@ def _aging_cap(job: Job, divisor: float) -> float | None:
         return float(recorded)
     if not divisor or job.aging is None or job.dispatched_at is None:
         return None
-    uncapped = max(0.0, _seconds(job.dispatched_at, job.arrived_at)) / divisor
+    uncapped = aging_points(_seconds(job.dispatched_at, job.arrived_at), divisor, None)
     if uncapped - job.aging > LEAD_SLACK:
         return float(job.aging)
     return None

@@ -1,9 +1,10 @@
 """Scheduler settings edited in the admin, and the audit trail of every change.
 
-Precedence between the config file and admin edits (see dashboard/settings_store.py and
-docs/dashboard.md): at each start the config file's values are stored in ``config_values``;
-a value edited in the admin stays in effect until the config file's value *for that key*
-differs from the one stored at the previous start, and then the config file wins.
+Precedence between the config file and admin edits (the rule is
+``scheduler.core.settings.merge_at_start``; see docs/dashboard.md): at each start the
+config file's values are stored in ``config_values``; a value edited in the admin stays in
+effect until the config file's value *for that key* differs from the one stored at the
+previous start, and then the config file wins.
 """
 
 from __future__ import annotations
@@ -26,46 +27,13 @@ class SchedulerSettingsRecord(models.Model):
 
     SINGLETON_PK = 1
 
-    use = models.CharField(
-        "scheduler (use)",
-        max_length=10,
-        choices=[("serial", "serial"), ("fifo", "fifo")],
-        default="serial",
-    )
-    aging_divisor = models.FloatField(
-        "aging divisor (agingDivisor)",
-        default=60,
-        help_text="Seconds of waiting per priority point; 0 disables aging.",
-    )
-    swap_affinity_bonus = models.IntegerField(
-        "swap affinity bonus (swapAffinityBonus)",
-        default=10,
-        help_text="Bonus for a request that needs no model swap, 0..99; 0 disables it.",
-    )
-    aging_cap = models.FloatField(
-        "aging cap (agingCap)",
-        null=True,
-        blank=True,
-        help_text=(
-            "Opt-in: at most this many aging points, reached after agingCap x agingDivisor "
-            "seconds; empty: no cap (the default). With a cap C a request is never passed by "
-            "one more than C + swapAffinityBonus below it."
-        ),
-    )
-    band_share = models.JSONField(
-        "band shares (bandShare)",
+    values = models.JSONField(
         default=dict,
         blank=True,
         help_text=(
-            "Opt-in: band -> guaranteed share of GPU time (0..1, sum <= 1) while the band "
-            "has work waiting; empty: off (the default)."
+            "The values in effect, by config key name (agingDivisor, ...): every setting of "
+            "scheduler.core.settings.SETTINGS; a missing one takes its default."
         ),
-    )
-    fifo_priority = models.JSONField(
-        "fifo priorities (fifo.priority)",
-        default=dict,
-        blank=True,
-        help_text='fifo scheduler: model id -> integer priority, e.g. {"qwen3": 10}.',
     )
     config_values = models.JSONField(
         default=dict,
@@ -85,10 +53,7 @@ class SchedulerSettingsRecord(models.Model):
         verbose_name_plural = "scheduler settings"
 
     def __str__(self) -> str:
-        return (
-            f"use={self.use} agingDivisor={self.aging_divisor:g} "
-            f"swapAffinityBonus={self.swap_affinity_bonus}"
-        )
+        return " ".join(f"{name}={value}" for name, value in (self.values or {}).items())
 
 
 class SettingsChange(models.Model):
@@ -100,8 +65,8 @@ class SettingsChange(models.Model):
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     who = models.CharField(max_length=150)
     field = models.CharField(max_length=100)
-    """The config key name: use, agingDivisor, swapAffinityBonus, agingCap, bandShare,
-    fifoPriority; also profile (dashboard/profiles.py) and accessControl (AccessControl)."""
+    """The config key name: a setting's (scheduler.core.settings.SETTINGS); also profile
+    (dashboard/profiles.py) and accessControl (AccessControl)."""
     old = models.JSONField(null=True)
     new = models.JSONField(null=True)
     source = models.CharField(

@@ -28,9 +28,9 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from proxy.errors import cross_origin_refused, echo, error_page, error_response
 from scheduler import runtime
 from scheduler.keys import Scope, missing_scope_message
+from web.errors import cross_origin_refused, echo, error_page, error_response
 
 log = logging.getLogger("llamaswap.settings")
 
@@ -91,9 +91,9 @@ def profiles_state() -> dict[str, Any]:
 async def profiles_api(request: HttpRequest) -> HttpResponse:
     """GET /api/profiles (behind a login with ``DASHBOARD_REQUIRE_LOGIN``, as the rest of
     the dashboard's JSON API)."""
-    from dashboard.api import _refused
+    from dashboard.access import api_refusal
 
-    if (refusal := await _refused(request)) is not None:
+    if (refusal := await api_refusal(request)) is not None:
         return refusal
     return JsonResponse(profiles_state())
 
@@ -101,7 +101,7 @@ async def profiles_api(request: HttpRequest) -> HttpResponse:
 @csrf_exempt  # no session is needed or trusted here: a key, or no keys; cross-site refused
 async def active_profile_api(request: HttpRequest) -> HttpResponse:
     """PUT /api/profiles/active."""
-    from proxy.views import cross_origin
+    from web.access import cross_origin
 
     reason = cross_origin(request)
     if reason is not None:

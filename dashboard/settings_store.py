@@ -1,6 +1,6 @@
 """Stored scheduler settings: what the config file says, what the admin changed, what wins.
 
-The rule (also in docs/dashboard.md):
+The rule (:func:`scheduler.core.settings.merge_at_start`; also in docs/dashboard.md):
 
 * At every start, ``manage.py serve`` stores the config file's scheduler values
   (``config_values``).
@@ -25,75 +25,34 @@ from django.utils import timezone
 
 from dashboard.models import SchedulerSettingsRecord, SettingsChange
 from scheduler.core.policy import SchedulerSettings
-from scheduler.core.priority import BANDS
+from scheduler.core.settings import NAMES, SETTINGS, merge_at_start
 
 log = logging.getLogger("llamaswap.settings")
 
-# config key name -> record field (and SchedulerSettings.create keyword)
-FIELDS: dict[str, str] = {
-    "use": "use",
-    "agingDivisor": "aging_divisor",
-    "swapAffinityBonus": "swap_affinity_bonus",
-    "agingCap": "aging_cap",
-    "bandShare": "band_share",
-    "fifoPriority": "fifo_priority",
-}
+FIELDS: tuple[str, ...] = NAMES
+"""The stored keys: every setting's config key name, in the table's order."""
 
 SOURCE_CONFIG = "config file"
 
 
-def _number(value: Any) -> Any:
-    """60.0 -> 60, so stored and config values compare and print alike."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _shares(value: Any) -> dict[str, Any]:
-    """bandShare as JSON: band -> share, in band order (interactive, normal, batch)."""
-    order = [band.value for band in BANDS]
-    items = dict(value or {})
-    return {
-        str(k): _number(v)
-        for k, v in sorted(
-            items.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else 9, str(kv[0]))
-        )
-    }
-
-
 def settings_values(settings: SchedulerSettings) -> dict[str, Any]:
     """Every key as JSON values."""
-    return {
-        "use": settings.use.value,
-        "agingDivisor": _number(settings.aging_divisor),
-        "swapAffinityBonus": settings.swap_affinity_bonus,
-        "agingCap": _number(settings.aging_cap),
-        "bandShare": _shares({band.value: s for band, s in settings.band_share.items()}),
-        "fifoPriority": dict(sorted(settings.fifo_priority.items())),
-    }
+    return settings.as_dict()
 
 
 def record_values(record: SchedulerSettingsRecord) -> dict[str, Any]:
+    """The stored values by key, as JSON; a key stored before its setting existed (or
+    not stored at all) reads as the setting's default."""
+    stored = record.values or {}
     return {
-        "use": record.use,
-        "agingDivisor": _number(record.aging_divisor),
-        "swapAffinityBonus": record.swap_affinity_bonus,
-        "agingCap": _number(record.aging_cap),
-        "bandShare": _shares(record.band_share),
-        "fifoPriority": dict(sorted((record.fifo_priority or {}).items())),
+        s.name: s.plain(stored[s.name]) if s.name in stored else s.plain(s.default)
+        for s in SETTINGS
     }
 
 
 def to_settings(values: dict[str, Any]) -> SchedulerSettings:
     """Validate (raises SettingsError naming the config key)."""
-    return SchedulerSettings.create(
-        use=values["use"],
-        aging_divisor=values["agingDivisor"],
-        swap_affinity_bonus=values["swapAffinityBonus"],
-        fifo_priority=values["fifoPriority"],
-        aging_cap=values.get("agingCap"),
-        band_share=values.get("bandShare") or {},
-    )
+    return SchedulerSettings.from_names(values)
 
 
 def stored_settings() -> SchedulerSettings | None:
@@ -111,11 +70,6 @@ def stored_settings() -> SchedulerSettings | None:
         return to_settings(record_values(record))
     except ValueError:
         return None
-
-
-def _set(record: SchedulerSettingsRecord, values: dict[str, Any]) -> None:
-    for key, field in FIELDS.items():
-        setattr(record, field, values[key])
 
 
 def describe_source(overrides: dict[str, dict[str, str]]) -> str:
@@ -152,40 +106,32 @@ def apply_at_start(config_settings: SchedulerSettings) -> Effective:
         )
         if record is None:
             record = SchedulerSettingsRecord(pk=SchedulerSettingsRecord.SINGLETON_PK)
-            _set(record, config_vals)
+            record.values = config_vals
             record.config_values = config_vals
             record.admin_overrides = {}
             record.updated_by = SOURCE_CONFIG
             record.save()
             return Effective(config_settings, SOURCE_CONFIG)
 
-        current = record_values(record)
-        previous_config = record.config_values or {}
-        overrides = dict(record.admin_overrides or {})
-        merged: dict[str, Any] = {}
-        changes = []
-        for key in FIELDS:
-            if key in overrides and previous_config.get(key) == config_vals[key]:
-                merged[key] = current[key]  # admin edit, config unchanged: admin wins
-                continue
-            overrides.pop(key, None)  # never edited, or the config file changed: config wins
-            merged[key] = config_vals[key]
-            if current[key] != config_vals[key]:
-                changes.append(
-                    SettingsChange(
-                        who=SOURCE_CONFIG,
-                        field=key,
-                        old=current[key],
-                        new=config_vals[key],
-                        source=SettingsChange.SOURCE_CONFIG,
-                    )
-                )
+        merged = merge_at_start(
+            config_vals,
+            record.config_values or {},
+            record_values(record),
+            record.admin_overrides or {},
+        )
+        changes = [
+            SettingsChange(
+                who=SOURCE_CONFIG, field=name, old=old, new=new, source=SettingsChange.SOURCE_CONFIG
+            )
+            for name, old, new in merged.changed
+        ]
+        values, overrides = merged.values, merged.overrides
         try:
-            effective = to_settings(merged)
+            effective = to_settings(values)
         except ValueError:
             log.warning("stored scheduler settings are invalid; using the config file's")
-            merged, overrides, effective = config_vals, {}, config_settings
-        _set(record, merged)
+            values, overrides, effective = config_vals, {}, config_settings
+        record.values = values
         record.config_values = config_vals
         record.admin_overrides = overrides
         if changes:

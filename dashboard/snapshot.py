@@ -15,6 +15,7 @@ from scheduler.core.lanes import DEFAULT_LANE
 from scheduler.core.policy import Decision, Ranked, SchedulerSettings, Term
 from scheduler.core.priority import BANDS, Band, band_of
 from scheduler.core.queue import BandStats
+from scheduler.core.settings import shown
 
 WAITING_CAP = 50
 """Waiting requests sent on the wire; the rest are only counted."""
@@ -64,10 +65,6 @@ def _r(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _number(value: float) -> float | int:
-    return int(value) if float(value).is_integer() else value
-
-
 def decision_record(ticket: TicketLike) -> dict[str, Any]:
     """A dispatched ticket as a row of the decision stream (it needs ``ticket.decision``)."""
     d = ticket.decision
@@ -93,11 +90,10 @@ def decision_record(ticket: TicketLike) -> dict[str, Any]:
 
 
 def settings_block(settings: SchedulerSettings, source: str, since: float | None) -> dict[str, Any]:
+    values = settings.as_dict()  # every setting of the table, by name
     return {
-        "use": settings.use.value,
-        "agingDivisor": _number(settings.aging_divisor),
-        "swapAffinityBonus": settings.swap_affinity_bonus,
-        "fifoPriority": dict(sorted(settings.fifo_priority.items())),
+        **values,
+        "shown": shown(values),
         "source": source,
         "since": _r(since),
     }

@@ -1,7 +1,7 @@
 from django.urls import path
 
 from dashboard import profiles, views, whatif
-from proxy.errors import allow_methods
+from web.errors import allow_methods
 
 app_name = "dashboard"
 

@@ -7,63 +7,32 @@ task's thread) and renders it in a worker thread.
 
 from __future__ import annotations
 
-import functools
-from datetime import UTC, datetime, time, tzinfo
+from datetime import UTC, tzinfo
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from asgiref.sync import async_to_sync, sync_to_async
-from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import Paginator
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
-from django.utils import timezone
-from django.utils.dateparse import parse_date, parse_datetime
 
 from dashboard import live
+from dashboard.access import login_needed, read_only_page
 from dashboard.explain import explain
-from proxy.errors import echo
+from dashboard.filters import BadFilter, parse_when, parse_zone
 from scheduler.core.priority import BANDS
+from web.errors import echo
 
 PAGE_SIZE = 50
-
-
-def login_required() -> bool:
-    """Do the read-only pages (and the websocket, and the JSON API without a key) need a
-    Django login? When ``DASHBOARD_REQUIRE_LOGIN`` is set, and whenever API keys are
-    configured: a box that asks its API clients for a key does not show its queue to
-    anyone."""
-    if settings.DASHBOARD_REQUIRE_LOGIN:
-        return True
-    from scheduler import runtime
-
-    return runtime.is_running() and runtime.current().keys.enabled
-
-
-def _login_needed(request: HttpRequest, user: Any) -> bool:
-    return not user.is_authenticated and login_required()
-
-
-def read_only_page(view):
-    """Open by default; behind the admin login when :func:`login_required`."""
-
-    @functools.wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if _login_needed(request, request.user):
-            return redirect_to_login(request.get_full_path())
-        return view(request, *args, **kwargs)
-
-    return wrapper
 
 
 async def dashboard(request: HttpRequest) -> HttpResponse:
     """The live dashboard: first paint from the server, then the websocket."""
     user = await request.auser()
-    if _login_needed(request, user):
+    if login_needed(request, user):
         return redirect_to_login(request.get_full_path())
     snapshot = live.current_snapshot()  # on the loop: the dispatcher's thread
     html = await sync_to_async(render_to_string)(
@@ -72,14 +41,10 @@ async def dashboard(request: HttpRequest) -> HttpResponse:
     return HttpResponse(html)
 
 
-def _records():
+def _records() -> Any:
     from activity.models import RequestRecord
 
     return RequestRecord.objects
-
-
-class BadFilter(Exception):
-    """A history filter that cannot be used: the page says which and why (400)."""
 
 
 FILTERS = ("model", "band", "since", "until", "request_id", "api_key")
@@ -88,46 +53,6 @@ OTHER_PARAMETERS = ("page", "tz")
 """Also accepted: the page number and the time zone of since/until (set by the page)."""
 SIMILAR = {"start": "since", "from": "since", "end": "until", "to": "until", "id": "request_id"}
 """Names people try (the activity API's start/end): the page names its own instead."""
-
-
-def _zone(value: str) -> tzinfo:
-    """The zone since/until are read in: the browser's (the form sends it), else UTC."""
-    if not value:
-        return UTC
-    try:
-        return ZoneInfo(value)
-    except (ValueError, KeyError, OSError):  # unknown, malformed, or a path
-        raise BadFilter(
-            f"tz: there is no time zone {echo(value)}; "
-            "expected an IANA name like Europe/Berlin or UTC"
-        ) from None
-
-
-def _parse_when(name: str, value: str, end: bool = False, zone: tzinfo = UTC) -> datetime | None:
-    """A filter bound from ``2026-11-29``, ``2026-11-29T21:40`` or a full ISO time; without
-    an offset, in ``zone``."""
-    value = value.strip()
-    if not value:
-        return None
-    try:
-        when = parse_datetime(value)
-        if when is None:
-            day = parse_date(value)
-            if day is None:
-                raise BadFilter(
-                    f"{name}: expected a date like 2026-11-29 or a time like 2026-11-29T21:40, "
-                    f"got {echo(value)}"
-                )
-            when = datetime.combine(day, time.max if end else time.min)
-    except ValueError:  # well-formed, but no such day or time: 2026-02-30
-        raise BadFilter(f"{name}: there is no such date or time as {echo(value)}") from None
-    if timezone.is_naive(when):
-        when = when.replace(tzinfo=zone)
-    try:
-        when.astimezone(UTC)  # what the database adapter does: 0001-01-01T00:00+01:00 overflows
-    except OverflowError:
-        raise BadFilter(f"{name}: {echo(value)} is out of range") from None
-    return when
 
 
 def _unknown_parameter(name: str) -> str:
@@ -170,14 +95,14 @@ def history(request: HttpRequest) -> HttpResponse:
     zone: tzinfo = UTC
     if "\x00" not in tz_name:
         try:
-            zone = _zone(tz_name)
+            zone = parse_zone(tz_name)
         except BadFilter as exc:
             problems.append(str(exc))
     for name, end in (("since", False), ("until", True)):
         if "\x00" in filters[name]:
             continue
         try:
-            when = _parse_when(name, filters[name], end=end, zone=zone)
+            when = parse_when(name, filters[name], end=end, zone=zone)
         except BadFilter as exc:
             problems.append(str(exc))
             continue

@@ -1,7 +1,7 @@
 """ASGI entry point served by daphne.
 
 Two Django handlers share one URLconf. The proxy endpoints (inference, /health, /logs,
-/metrics, ...: ``proxy.urls.PROXY_EXACT`` and ``PROXY_PREFIXES``) go to
+/metrics, ...: ``web.paths.PROXY_EXACT`` and ``PROXY_PREFIXES``) go to
 :class:`ProxyHandler`: no middleware and none of the per-request
 ``request_started``/``request_finished`` receivers, which under ASGI each cost a thread
 hop and an OS thread per waiting request (halving memory per waiting request, see
@@ -10,7 +10,9 @@ handler with the full middleware stack.
 
 Before either handler, the router checks access (:func:`access_refusal`): the Host header
 against ``ALLOWED_HOSTS`` on every path, and the API key on API paths when keys are
-configured. Pages need a Django login then (``dashboard.views.login_required``).
+configured. Pages need a Django login then (``dashboard.access.login_required``). An
+``OPTIONS`` (a browser's preflight) is answered before any of it but the Host check, as
+llama-swap answers it (``web.cors``).
 """
 
 import asyncio
@@ -24,8 +26,10 @@ import types
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llamaswap_site.settings")
 
 import django  # noqa: E402
+from django.apps import apps  # noqa: E402
 
-django.setup()
+if not apps.ready:  # a second setup would redo the logging `serve` has configured
+    django.setup()
 
 from django.conf import settings  # noqa: E402
 from django.core.exceptions import (  # noqa: E402
@@ -38,9 +42,11 @@ from django.core.handlers.exception import convert_exception_to_response  # noqa
 from django.http.request import split_domain_port, validate_host  # noqa: E402
 from django.urls import set_script_prefix  # noqa: E402
 
-from proxy.urls import PROXY_EXACT, PROXY_PREFIXES  # noqa: E402
 from scheduler import runtime  # noqa: E402
 from scheduler.keys import Scope, missing_scope_message, presented_key  # noqa: E402
+from web.access import current_security  # noqa: E402
+from web.cors import preflight_headers, response_origin, with_allowed_origin  # noqa: E402
+from web.paths import PROXY_EXACT, PROXY_PREFIXES  # noqa: E402
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -55,7 +61,7 @@ class _RefuseSuspicious:
         try:
             return super().create_request(scope, body_file)
         except SuspiciousOperation as exc:
-            from proxy.errors import error_response
+            from web.errors import error_response
 
             code = "too_many_fields" if isinstance(exc, TooManyFieldsSent) else "invalid_request"
             return None, error_response(400, str(exc), code=code)
@@ -206,7 +212,7 @@ async def _read_body(scope, receive, limits) -> bytes:
     """The whole request body as one bytes object, within ``limits`` (see RequestLimits):
     at most ``max_body_bytes`` (else a 413 before reading it), ``body_timeout`` in all and
     ``body_idle_timeout`` between chunks (else a 408)."""
-    from proxy.errors import error_response
+    from web.errors import error_response
 
     limit = limits.max_body_bytes
     declared = _declared_length(scope)
@@ -388,7 +394,7 @@ async def access_refusal(scope):
        The key found is put in ``scope["llamaswap.api_key"]`` (the relay applies its
        priority rule).
     """
-    from proxy.errors import bare, error_response, invalid_api_key, invalid_host
+    from web.errors import bare, error_response, invalid_api_key, invalid_host
 
     path = scope["path"]
     ok, host = host_allowed(scope)
@@ -422,7 +428,7 @@ def cross_site_refusal(scope):
     (:func:`needs_key`: inference, ``/upstream``, ``/api/...``, ``/logs...``, ``/metrics``,
     ...), keys or not, or None. Checked first (before the key: the same 403 whatever the
     credential, and no key hashed nor session read for it), so such a request never
-    takes a turn; the rule is ``proxy.views.cross_site`` with the config's
+    takes a turn; the rule is ``web.access.cross_site`` with the config's
     ``security.cors.allowedOrigins``. A request with neither ``Origin`` nor
     ``Sec-Fetch-Site`` (curl, SDKs) costs one pass over its headers."""
     origin = fetch_site = None
@@ -436,8 +442,8 @@ def cross_site_refusal(scope):
             host = value.decode("latin-1")
     if origin is None and fetch_site is None or not needs_key(scope["path"]):
         return None
-    from proxy.errors import cross_origin_refused
-    from proxy.views import cross_site, current_security
+    from web.access import cross_site, current_security
+    from web.errors import cross_origin_refused
 
     reason = cross_site(origin, fetch_site, host, current_security())
     return None if reason is None else cross_origin_refused(reason)
@@ -457,6 +463,40 @@ def _refuse_websocket(app):
     return guarded
 
 
+async def _preflight(scope, send, proxy) -> None:
+    """``OPTIONS`` on any path: ``204`` with llama-swap's CORS headers
+    (:func:`web.cors.preflight_headers`), before any key; a Host not allowed is refused."""
+    ok, host = host_allowed(scope)
+    if not ok:
+        from web.errors import invalid_host
+
+        refusal = invalid_host(host, scope["path"])
+        await proxy.send_response(refusal, send)
+        _close(refusal)
+        return
+    security = current_security()
+    headers = preflight_headers(
+        _header(scope, b"origin"),
+        _header(scope, b"access-control-request-headers"),
+        security,
+        private_network=_header(scope, b"access-control-request-private-network") == b"true",
+    )
+    await send({"type": "http.response.start", "status": 204, "headers": headers})
+    await send({"type": "http.response.body"})
+
+
+def _allowing(send, origin: bytes):
+    """``send`` with ``Access-Control-Allow-Origin: origin`` on the response's headers."""
+
+    async def sending(message):
+        if message["type"] == "http.response.start":
+            headers = with_allowed_origin(message.get("headers", []), origin)
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return sending
+
+
 def _build():
     from channels.routing import ProtocolTypeRouter
 
@@ -464,6 +504,13 @@ def _build():
     proxy = ProxyHandler()
 
     async def http(scope, receive, send):
+        if scope["method"] == "OPTIONS":  # a browser's preflight, as llama-swap answers it
+            await _preflight(scope, send, proxy)
+            return
+        # An allowed origin may read the answer (web.cors; no cost unless one is configured).
+        origin = response_origin(scope, current_security())
+        if origin is not None and needs_key(scope["path"]):
+            send = _allowing(send, origin)
         refusal = cross_site_refusal(scope) or await access_refusal(scope)
         if refusal is not None:
             await proxy.send_response(refusal, send)

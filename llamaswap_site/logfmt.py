@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
@@ -117,23 +118,51 @@ def stdout_echo(stream: IO[bytes] | None = None) -> Callable[[str, bytes], None]
 
 
 PROXY_LOGGER = "llamaswap"
+OWN_LOGGERS = (PROXY_LOGGER, "scheduler")
+"""llamaswap's own loggers (settings.LOGGING gives both the console handler):
+``logLevel`` sets their level."""
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+}
+"""``logLevel`` (scheduler.config.LOG_LEVELS) -> Python's level."""
+
+
+def log_level(config: Config) -> int:
+    """The level of llamaswap's own log: ``LOG_LEVEL`` from the environment when set (an
+    operator's override, e.g. for a benchmark), else the config's ``logLevel``."""
+    override = os.getenv("LOG_LEVEL", "").strip().upper()
+    if override:
+        level = logging.getLevelName(override)
+        if isinstance(level, int):
+            return level
+    return LEVELS.get(config.log_level, logging.INFO)
 
 
 def apply_log_config(config: Config, logs: LogBuffer | None = None) -> None:
-    """Apply ``logTimeFormat`` and ``logToStdout`` once the config is loaded.
+    """Apply ``logLevel``, ``logTimeFormat`` and ``logToStdout`` once the config is loaded
+    (after Django's logging setup, which would reset them: ``llamaswap_site.asgi`` runs
+    ``django.setup()`` only when nothing has yet).
 
-    * ``logTimeFormat``: every :class:`KeyValueFormatter` on the ``llamaswap`` logger's
-      handlers stamps lines with that Go layout.
+    * ``logLevel``: the level of llamaswap's loggers (:func:`log_level`).
+    * ``logTimeFormat``: every :class:`KeyValueFormatter` on their handlers stamps lines
+      with that Go layout.
     * ``logToStdout``: ``upstream`` or ``both`` also write each model output line (what
       ``/logs`` serves) to stdout. llamaswap's own log stays on its console handler
       (stderr) for ``proxy`` and ``both``; for ``upstream`` and ``none`` (llama-swap
       discards its own log then) only warnings and errors are printed, so a failure is
       never silent.
     """
-    for handler in logging.getLogger(PROXY_LOGGER).handlers:
-        if isinstance(handler.formatter, KeyValueFormatter):
-            handler.formatter.time_layout = config.log_time_format
-        quiet = config.log_to_stdout in ("upstream", "none")
-        handler.setLevel(logging.WARNING if quiet else logging.NOTSET)
+    level = log_level(config)
+    quiet = config.log_to_stdout in ("upstream", "none")
+    for name in OWN_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        for handler in logger.handlers:
+            if isinstance(handler.formatter, KeyValueFormatter):
+                handler.formatter.time_layout = config.log_time_format
+            handler.setLevel(logging.WARNING if quiet else logging.NOTSET)
     if logs is not None:
         logs.echo = stdout_echo() if config.log_to_stdout in ("upstream", "both") else None

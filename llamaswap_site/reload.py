@@ -5,11 +5,13 @@ takes the new config in place (:meth:`scheduler.dispatcher.Dispatcher.reload`: n
 waiting is lost, unchanged models keep running). A config with errors is refused and the
 old one stays in force; the refusal is logged and shown on the dashboard
 (:attr:`ConfigStatus`). The scheduler settings follow the same rule as at a start
-(``dashboard.settings_store``): an admin edit stays in force unless the config file's value
+(``scheduler.core.settings.merge_at_start``, applied to the stored record by
+``dashboard.settings_store``): an admin edit stays in force unless the config file's value
 for that key changed.
 
-Needs a restart: ``limits`` (applied per connection by the HTTP server),
-``logToStdout``/``logTimeFormat`` (as in llama-swap).
+Needs a restart: ``limits`` (applied per connection by the HTTP server). The logging keys
+apply at once (``logLevel`` and ``logTimeFormat`` as in llama-swap; ``logToStdout`` too,
+which llama-swap only takes at a restart).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamaswap_site.logfmt import apply_log_config
 from scheduler import runtime
 from scheduler.config import Config, ConfigError
 from scheduler.dispatcher import ReloadReport
@@ -98,6 +101,7 @@ class Reloader:
                 "config reload applied",
                 extra={"reason": reason, **{k: list(v) for k, v in dataclasses.asdict(report).items()}},
             )
+            apply_log_config(new, rt.dispatcher.logs)  # after the line above: in the old format
             return report
 
     def _refused(self, reason: str, error: str) -> None:
@@ -124,7 +128,7 @@ class Reloader:
 
 def _with_stored_settings(config: Config) -> tuple[Config, str | None]:
     """The config with the scheduler settings in force (admin edits kept where the config
-    file's value did not change; see ``dashboard.settings_store``)."""
+    file's value did not change: ``scheduler.core.settings.merge_at_start``)."""
     from dashboard.settings_store import apply_at_start_or_config
 
     stored = apply_at_start_or_config(config.scheduler)

@@ -31,7 +31,7 @@ CSRF_TRUSTED_ORIGINS = [o for o in os.getenv("CSRF_TRUSTED_ORIGINS", "").split("
 LLAMASWAP_CONFIG = os.getenv("LLAMASWAP_CONFIG", "")
 
 # Read-only pages (dashboard, history, request pages, the websocket, the JSON API) are open
-# unless this is set or API keys are configured (dashboard.views.login_required); the
+# unless this is set or API keys are configured (dashboard.access.login_required); the
 # admin always needs a login.
 DASHBOARD_REQUIRE_LOGIN = envbool("DASHBOARD_REQUIRE_LOGIN")
 LOGIN_URL = "/admin/login/"
@@ -71,7 +71,7 @@ MIDDLEWARE = [
 ROOT_URLCONF = "llamaswap_site.urls"
 # A CSRF refusal on an API path answers JSON like every other error there (the 400/403/
 # 404/500 handlers are in llamaswap_site/urls.py).
-CSRF_FAILURE_VIEW = "proxy.errors.csrf_failure"
+CSRF_FAILURE_VIEW = "web.errors.csrf_failure"
 
 TEMPLATES = [
     {
@@ -213,7 +213,10 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
+        # Under `serve`, the config's logLevel (or LOG_LEVEL) replaces these levels:
+        # llamaswap_site.logfmt.apply_log_config.
         "llamaswap": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO")},
+        "scheduler": {"handlers": ["console"], "level": os.getenv("LOG_LEVEL", "INFO")},
         "django": {"handlers": ["console"], "level": "WARNING"},
     },
 }

@@ -8,9 +8,9 @@ urlpatterns = [
     path("", include("dashboard.urls")),
 ]
 
-# JSON on API and proxy paths, HTML pages elsewhere (proxy.errors.wants_json). The lean
+# JSON on API and proxy paths, HTML pages elsewhere (web.paths.wants_json). The lean
 # proxy handler reaches these too, through Django's response_for_exception.
-handler400 = "proxy.errors.bad_request"
-handler403 = "proxy.errors.permission_denied"
-handler404 = "proxy.errors.page_not_found"
-handler500 = "proxy.errors.server_error"
+handler400 = "web.errors.bad_request"
+handler403 = "web.errors.permission_denied"
+handler404 = "web.errors.page_not_found"
+handler500 = "web.errors.server_error"

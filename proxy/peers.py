@@ -28,24 +28,25 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponseBase
 
-from proxy.errors import REQUEST_ID_HEADER, error_response
 from proxy.relay import (
     PRIORITY_META,
     STREAM_TAIL,
     WRITE_TIMEOUT,
-    _note_stream_usage,
-    _note_usage,
     event_stream,
+    note_stream_usage,
+    note_usage,
+    whole_answer,
 )
-from proxy.upstream import forward_headers, response_headers
+from proxy.upstream import forward_headers
 from scheduler import runtime
 from scheduler.config import ModelConfig
 from scheduler.core.priority import HEADER, parse_priority
 from scheduler.dispatcher import Dispatcher, Outcome, Ticket, TicketState
 from scheduler.keys import ApiKey
 from scheduler.names import PeerModel, Route
+from web.errors import error_response
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -146,7 +147,7 @@ async def forward(
     request_id: str,
     body: bytes,
     extra: dict[str, Any],
-) -> HttpResponse:
+) -> HttpResponseBase:
     """Send the request to the peer and relay its answer (JSON or SSE) as it comes."""
     assert target.peer is not None
     peer = target.peer.peer
@@ -158,7 +159,7 @@ async def forward(
         return error_response(
             400, f"invalid path: {exc}", code="invalid_path", request_id=request_id
         )
-    scope = request.scope  # set by the lean handler
+    scope = request.scope  # type: ignore[attr-defined]  # an ASGIRequest (the lean handler)
     key: ApiKey | None = scope.get("llamaswap.api_key")
     header = request.META.get(PRIORITY_META)
     if key is None:
@@ -194,7 +195,7 @@ async def forward(
     ticket.dispatched_at = ticket.ready_at = now  # sent at once: no queue, no load
     ticket.lane = ""  # on no lane (GPU) here
     turn = PeerTurn(dispatcher, ticket, target.peer.fqn)
-    request.turn = turn  # the handler closes it, whatever happens
+    request.turn = turn  # type: ignore[attr-defined]  # the handler closes it, whatever happens
 
     client = rt.upstreams.client()
     outgoing = client.build_request(
@@ -249,13 +250,9 @@ async def forward(
             request_id=request_id,
         )
     if status < 300 and content_type.startswith("application/json"):
-        _note_usage(ticket, content)
+        note_usage(ticket, content)
     turn.note(Outcome.COMPLETED, status)
-    response = HttpResponse(content, status=status)
-    for name, value in response_headers(upstream.headers):
-        response[name] = value
-    response[REQUEST_ID_HEADER] = request_id
-    return response
+    return whole_answer(content, upstream, request_id)
 
 
 async def _stream(turn: PeerTurn, upstream: httpx.Response) -> AsyncIterator[bytes]:
@@ -273,6 +270,6 @@ async def _stream(turn: PeerTurn, upstream: httpx.Response) -> AsyncIterator[byt
             Outcome.FAILED, upstream.status_code, f"stream broken: {type(exc).__name__}: {exc}"
         )
         return
-    _note_stream_usage(turn.ticket, tail)
+    note_stream_usage(turn.ticket, tail)
     turn.note(Outcome.COMPLETED, upstream.status_code)
     await turn.close()

@@ -27,12 +27,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import HttpResponseBase, StreamingHttpResponse
 
-from proxy.errors import REQUEST_ID_HEADER
 from scheduler import runtime
 from scheduler.config import ModelConfig
 from scheduler.dispatcher import Ticket, TicketState
+from web.errors import REQUEST_ID_HEADER
 
 PROGRESS_AFTER = 0.25
 """Seconds a request may take to be granted before it gets a progress stream."""
@@ -154,8 +154,8 @@ async def maybe(
     ticket: Ticket,
     model: ModelConfig,
     request_id: str,
-    answer: Callable[[], Awaitable[HttpResponse]],
-) -> HttpResponse | None:
+    answer: Callable[[], Awaitable[HttpResponseBase]],
+) -> HttpResponseBase | None:
     """None when the request was granted (or refused) within :data:`PROGRESS_AFTER`: the
     caller answers as usual. Otherwise a 200 event stream: progress until the turn comes,
     then ``answer()``'s response, streamed on."""
@@ -176,7 +176,7 @@ async def _stream(
     ticket: Ticket,
     model: ModelConfig,
     request_id: str,
-    answer: Callable[[], Awaitable[HttpResponse]],
+    answer: Callable[[], Awaitable[HttpResponseBase]],
 ) -> AsyncIterator[bytes]:
     events = _Events(request_id, model.id)
     said: str | None = None
@@ -201,12 +201,12 @@ async def _stream(
         if response.status_code < 400 and response.get("Content-Type", "").startswith(
             "text/event-stream"
         ):
-            async for chunk in response.streaming_content:  # type: ignore[union-attr]
+            async for chunk in response.streaming_content:  # type: ignore[union-attr,unused-ignore]
                 yield chunk
             return
-        content = b"".join([c async for c in response.streaming_content])  # type: ignore[union-attr]
+        content = b"".join([c async for c in response.streaming_content])  # type: ignore[union-attr,unused-ignore]
     else:
-        content = response.content
+        content = response.content  # type: ignore[attr-defined]  # an HttpResponse
     if response.status_code >= 400:
         yield error_event(response.status_code, content)
     else:  # a model that ignored "stream": its answer as one event

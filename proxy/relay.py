@@ -25,11 +25,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
 from proxy import progress as progress_mod
 from proxy.collector import collector
-from proxy.errors import REQUEST_ID_HEADER, error_response
 from proxy.turn import Turn
 from proxy.upstream import Upstreams, forward_headers, response_headers
 from scheduler import runtime
@@ -38,6 +37,7 @@ from scheduler.core.priority import HEADER, parse_priority
 from scheduler.dispatcher import Outcome, Refused, Ticket
 from scheduler.keys import ApiKey
 from scheduler.process import ModelStartError
+from web.errors import REQUEST_ID_HEADER, error_response
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -59,7 +59,7 @@ async def relay(
     path: str,
     body: bytes,
     progress: bool = False,
-) -> HttpResponse:
+) -> HttpResponseBase:
     """Take a turn for ``model`` and relay the request to it. With ``progress``
     (``sendLoadingState``, streaming chat), a request that waits is told where it stands."""
     query = request.META.get("QUERY_STRING", "")
@@ -95,7 +95,7 @@ async def relay(
     request.turn = turn  # type: ignore[attr-defined]  # the handler closes it, whatever happens
     ticket = turn.ticket
 
-    async def answer() -> HttpResponse:
+    async def answer() -> HttpResponseBase:
         return await _answer(request, turn, model, url, request_id, body, scope)
 
     if progress:
@@ -115,7 +115,7 @@ async def _answer(
     request_id: str,
     body: bytes,
     scope: Any,
-) -> HttpResponse:
+) -> HttpResponseBase:
     """The request's turn: wait for it, send the request to the model, relay the answer."""
     ticket = turn.ticket
     try:
@@ -123,9 +123,9 @@ async def _answer(
     except ModelStartError as exc:
         return _start_failed(model, exc, request_id)
     except Refused as exc:
-        headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+        retry = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
         return error_response(
-            exc.status, str(exc), code=exc.code, request_id=request_id, headers=headers
+            exc.status, str(exc), code=exc.code, request_id=request_id, headers=retry
         )
 
     # The client's key is this server's credential when it checks keys: never the model's
@@ -174,11 +174,17 @@ async def _answer(
             request_id=request_id,
         )
     if status < 300 and content_type.startswith("application/json"):
-        _note_usage(ticket, content)
+        note_usage(ticket, content)
     turn.note(Outcome.COMPLETED, status)
     await turn.close()  # the GPU's part is done: the next request need not wait for the send
     await hand_over()
-    response = HttpResponse(content, status=status)
+    return whole_answer(content, upstream, request_id)
+
+
+def whole_answer(content: bytes, upstream: httpx.Response, request_id: str) -> HttpResponse:
+    """A model's (or a peer's) answer read whole, relayed with its headers and the request
+    id (its usage is noted first: :func:`note_usage`)."""
+    response = HttpResponse(content, status=upstream.status_code)
     for name, value in response_headers(upstream.headers):
         response[name] = value
     response[REQUEST_ID_HEADER] = request_id
@@ -351,7 +357,8 @@ async def probe_health(model: ModelConfig) -> bool:
         response = await runtime.current().upstreams.client().get(url, timeout=HEALTH_PROBE_TIMEOUT)
     except httpx.HTTPError:
         return False
-    return response.status_code == 200
+    status: int = response.status_code
+    return status == 200
 
 
 async def _went_silent(turn: Turn, what: str) -> str:
@@ -394,13 +401,14 @@ async def _stream(turn: Turn, upstream: httpx.Response) -> AsyncIterator[bytes]:
         turn.suspect = True
         return
     tail = b"".join(recent)[-STREAM_TAIL:]
-    _note_stream_usage(turn.ticket, tail)
+    note_stream_usage(turn.ticket, tail)
     turn.note(Outcome.COMPLETED, upstream.status_code)
     await turn.close()
     await hand_over()
 
 
-def _note_usage(ticket: Ticket, content: bytes) -> None:
+def note_usage(ticket: Ticket, content: bytes) -> None:
+    """usage and timings from a whole JSON answer (up to 1 MB) into ``ticket.extra``."""
     if len(content) > 1 << 20:
         return
     try:
@@ -411,7 +419,7 @@ def _note_usage(ticket: Ticket, content: bytes) -> None:
         _keep_usage(ticket, data)
 
 
-def _note_stream_usage(ticket: Ticket, tail: bytes) -> None:
+def note_stream_usage(ticket: Ticket, tail: bytes) -> None:
     """usage and timings from the last events of a stream (llama-server sends them last)."""
     for line in reversed(tail.split(b"\n")):
         if line.startswith(b"data: {"):

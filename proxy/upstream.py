@@ -29,6 +29,7 @@ import functools
 import select
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 
@@ -354,7 +355,7 @@ class _Connection(asyncio.Protocol):
 
     # -- one exchange
 
-    async def write_request(self, request: httpx.Request, timeouts: dict) -> None:
+    async def write_request(self, request: httpx.Request, timeouts: dict[str, Any]) -> None:
         transport = self.transport
         assert transport is not None
         url = request.url
@@ -392,7 +393,7 @@ class _Connection(asyncio.Protocol):
                 transport.write(b"0\r\n\r\n")
         await self._drain(timeouts, request)
 
-    async def _drain(self, timeouts: dict, request: httpx.Request) -> None:
+    async def _drain(self, timeouts: dict[str, Any], request: httpx.Request) -> None:
         if self.closed:
             raise httpx.WriteError("the model closed the connection", request=request)
         if not self.write_paused:
@@ -444,7 +445,7 @@ class _Connection(asyncio.Protocol):
 
     async def read_response(
         self, request: httpx.Request
-    ) -> tuple[int, list[tuple[bytes, bytes]], dict, tuple[str, int | None]]:
+    ) -> tuple[int, list[tuple[bytes, bytes]], dict[str, Any], tuple[str, int | None]]:
         """Status, headers, extensions and framing (``length``/``chunked``/``eof``, the
         length) of the answer; its body stays in ``buf``."""
         while True:

@@ -10,8 +10,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from django.conf import settings
@@ -22,13 +23,14 @@ from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
 from proxy import peers, progress, routing
-from proxy.errors import clip, cross_origin_refused, echo, error_response, method_not_allowed
 from proxy.relay import relay
 from proxy.turn import RECORD_EXTRA
 from scheduler import runtime
-from scheduler.config import Capabilities, ModelConfig, PathPattern, Security
+from scheduler.config import Capabilities, Config, ModelConfig, PathPattern
 from scheduler.names import Unroutable
 from scheduler.process import ModelState
+from web.access import cross_origin
+from web.errors import clip, cross_origin_refused, echo, error_response, method_not_allowed
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -240,20 +242,37 @@ def _json_type(value: object) -> str:
 
 
 @csrf_exempt
-async def upstream_passthrough(
-    request: HttpRequest, model_name: str, path: str = ""
-) -> HttpResponse:
+async def upstream_passthrough(request: HttpRequest, rest: str) -> HttpResponse:
     """ANY /upstream/{model}/{path}: the model from the path, everything else as sent.
 
-    Local models only. The active profile's pin applies (to a local target); selectors do
-    not, as in llama-swap.
+    The model is the longest leading run of path segments that names one (llama-swap's
+    rule: ids with ``/``, Hugging Face style, work, also sent as ``%2F``). ``/upstream/{model}``
+    without the trailing slash is redirected to it, as llama-swap does (301 for GET and
+    HEAD, 308 otherwise), so relative links in a model's web UI resolve. Local models only.
+    The active profile's pin applies (to a local target); selectors do not, as in
+    llama-swap.
     """
     request_id = _new_request_id()
     rt = runtime.current()
-    name = model_name
     profile = rt.config.profiles.get(rt.profile) if rt.profile else None
-    if profile is not None and name in profile.pins:
-        name = profile.pins[name]
+    pins = profile.pins if profile is not None else {}
+    found = model_in_path(
+        rest, lambda n: n in pins or rt.config.resolve(n) is not None, _longest_name(rt.config)
+    )
+    if found is None:
+        first = rest.split("/", 1)[0]
+        return error_response(
+            404, f"model {echo(first)} not found", code="model_not_found", request_id=request_id
+        )
+    model_name, path = found
+    if path is None:  # /upstream/{model}: to /upstream/{model}/
+        location = "/upstream/" + quote(model_name, safe=_PATH_SAFE) + "/"
+        if request.META.get("QUERY_STRING"):
+            location += "?" + request.META["QUERY_STRING"]
+        response = HttpResponse(status=301 if request.method in ("GET", "HEAD") else 308)
+        response["Location"] = location
+        return response
+    name = pins.get(model_name, model_name)
     model = rt.config.resolve(name) if name else None
     if model is None:
         return error_response(
@@ -262,15 +281,16 @@ async def upstream_passthrough(
             code="model_not_found",
             request_id=request_id,
         )
+    raw_rest = _raw_rest(request, model_name, path)
     if not path_allowed("/" + path, rt.config.upstream_allow_paths):
-        refusal = _path_refusal(request, model, path, request_id)
+        refusal = _path_refusal(model, path, raw_rest, request_id)
         if refusal is not None:
             return refusal
     # upstream.ignorePaths (llama-swap's rule): a matching path (decoded, after the model)
     # never loads the model. Unless it is loaded and ready it is refused here, before any
     # turn is taken.
-    rest = "/" + path
-    if any(pattern.search(rest) for pattern in rt.config.upstream_ignore_paths) and (
+    after = "/" + path
+    if any(pattern.search(after) for pattern in rt.config.upstream_ignore_paths) and (
         routing.model_states(rt.dispatcher).get(model.id) is not ModelState.READY
     ):
         return error_response(
@@ -281,7 +301,45 @@ async def upstream_passthrough(
         )
     if model_name != model.id:
         RECORD_EXTRA.set({"requested_model": model_name})  # an alias or a pin
-    return await relay(request, model, request_id, _raw_rest(request, path), request.body)
+    return await relay(request, model, request_id, raw_rest, request.body)
+
+
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
+"""What a path segment may hold unescaped (RFC 3986 pchar, and ``/``)."""
+_LONGEST: tuple[object, int] = (None, 0)
+
+
+def _longest_name(config: Config) -> int:
+    """The longest name ``/upstream/`` may find in ``config`` (ids, aliases, profile pins):
+    no request makes :func:`model_in_path` try longer ones. Computed once per config."""
+    global _LONGEST
+    if _LONGEST[0] is not config:
+        names = [*config.models, *config.aliases]
+        names += [pin for profile in config.profiles.values() for pin in profile.pins]
+        _LONGEST = (config, max(map(len, names), default=0))
+    return _LONGEST[1]
+
+
+def model_in_path(
+    rest: str, known: Callable[[str], bool], longest: int
+) -> tuple[str, str | None] | None:
+    """``(name, path)`` for ``rest`` (what follows ``/upstream/``): ``name`` the longest
+    leading run of ``/``-separated segments that is ``known`` (at most ``longest``
+    characters: the few candidates a real name allows, whatever the path's length),
+    ``path`` what follows its ``/``, or None when nothing follows (no trailing slash).
+    None when no leading run is known."""
+    found: tuple[str, str | None] | None = None
+    end = -1
+    while True:
+        end = rest.find("/", end + 1)
+        name = rest if end < 0 else rest[:end]
+        if len(name) > longest:
+            break
+        if name and known(name):
+            found = (name, None if end < 0 else rest[end + 1 :])
+        if end < 0:
+            break
+    return found
 
 
 def path_allowed(path: str, patterns: tuple[PathPattern, ...]) -> bool:
@@ -295,13 +353,13 @@ def path_allowed(path: str, patterns: tuple[PathPattern, ...]) -> bool:
 
 
 def _path_refusal(
-    request: HttpRequest, model: ModelConfig, path: str, request_id: str
+    model: ModelConfig, path: str, raw_rest: str, request_id: str
 ) -> HttpResponse | None:
     """403 for a path ``upstream.allowPaths`` does not name (the model's operator endpoints:
     ``/slots``, ``/metrics``, ...), before any turn is taken. None for a path that is no
     URL at all: the relay answers that one with 400 ``invalid_path``."""
     try:
-        httpx.URL(model.proxy.rstrip("/") + _raw_rest(request, path))
+        httpx.URL(model.proxy.rstrip("/") + raw_rest)
     except (httpx.InvalidURL, ValueError):
         return None
     return error_response(
@@ -312,16 +370,22 @@ def _path_refusal(
     )
 
 
-def _raw_rest(request: HttpRequest, path: str) -> str:
+def _raw_rest(request: HttpRequest, model_name: str, path: str) -> str:
     """The path after ``/upstream/{model}`` exactly as the client sent it: still
     percent-encoded, so ``%3F``, ``%23``, ``%2F`` and ``%25`` reach the model as sent
-    (the decoded ``path`` would turn them into a query, a fragment, a separator)."""
+    (the decoded ``path`` would turn them into a query, a fragment, a separator). The
+    model's name may itself have been sent encoded (``org%2Fmodel``): the raw path is
+    walked until the decoded ``/upstream/{model}`` is consumed."""
     scope = getattr(request, "scope", None)
     raw = scope.get("raw_path") if scope is not None else None
     if not raw:
         return "/" + path
-    parts = raw.split(b"?", 1)[0].split(b"/", 3)  # b"", b"upstream", model, rest
-    return "/" + (parts[3].decode("latin-1") if len(parts) > 3 else "")
+    raw = raw.split(b"?", 1)[0]
+    prefix = ("/upstream/" + model_name).encode()
+    i = 0
+    for _ in range(len(prefix)):  # one decoded byte per step: %XX or a plain byte
+        i += 3 if raw[i : i + 1] == b"%" else 1
+    return raw[i:].decode("latin-1") or "/"
 
 
 # -- not scheduled -----------------------------------------------------------------------
@@ -379,6 +443,10 @@ _CAPPED_METADATA = frozenset(
 model has capabilities (llama-swap's rule)."""
 
 
+OWNED_BY = "llama-swap"
+"""``owned_by`` of every ``/v1/models`` record: llama-swap's word, which clients show."""
+
+
 def _model_record(
     record_id: str, model: ModelConfig, status: str, internal: dict[str, Any]
 ) -> dict[str, Any]:
@@ -386,7 +454,7 @@ def _model_record(
         "id": record_id,
         "object": "model",
         "created": STARTED_AT,
-        "owned_by": "llamaswap",
+        "owned_by": OWNED_BY,
     }
     if model.name.strip():
         record["name"] = model.name.strip()
@@ -411,7 +479,7 @@ def _extra_record(record_id: str, extra: dict[str, Any]) -> dict[str, Any]:
         "id": record_id,
         "object": "model",
         "created": STARTED_AT,
-        "owned_by": "llamaswap",
+        "owned_by": OWNED_BY,
     }
     for name in ("name", "description"):
         text = str(extra.get(name) or "").strip()
@@ -464,78 +532,6 @@ async def running(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"running": runtime.current().dispatcher.running_models()})
 
 
-def _netloc_with_port(netloc: str, scheme: str) -> str:
-    netloc = netloc.strip().lower()
-    if ":" not in netloc or netloc.endswith("]"):  # no port: the scheme's default
-        netloc += ":443" if scheme == "https" else ":80"
-    return netloc
-
-
-def cross_origin(request: HttpRequest) -> str | None:
-    """Why a browser request comes from a site the config does not allow, or None
-    (:func:`cross_site` on the request's headers; the router applies the same rule to every
-    API path before any handler: ``llamaswap_site.asgi.cross_site_refusal``)."""
-    return cross_site(
-        request.headers.get("Origin"),
-        request.headers.get("Sec-Fetch-Site"),
-        request.headers.get("Host", ""),
-        current_security(),
-    )
-
-
-def current_security() -> Security:
-    """The running server's ``security`` settings (defaults when none runs)."""
-    return runtime.current().config.security if runtime.is_running() else Security()
-
-
-def cross_site(
-    origin: str | None, fetch_site: str | None, host: str, security: Security
-) -> str | None:
-    """Why a browser request comes from a site ``security`` does not allow, or None.
-
-    The browser's own word first: ``Sec-Fetch-Site`` (every current browser sends it, also
-    on an ``<img src>`` GET or a form, which may send no Origin) ``same-origin`` or
-    ``none`` (typed, a bookmark) passes, also behind a proxy that rewrites Host. An
-    ``Origin`` in ``security.cors.allowedOrigins`` passes (``"*"`` there: everything).
-    Otherwise ``cross-site`` / ``same-site`` is refused; without Sec-Fetch-Site (an older
-    browser), an Origin whose host:port is not the request's Host is (``null`` included: a
-    sandboxed or file page). Requests with neither header (curl, SDKs, scripts) are not a
-    browser's and pass. Pure: no I/O, only the strings given.
-    """
-    if security.any_origin:
-        return None
-    site = (fetch_site or "").strip().lower()
-    if site in ("same-origin", "none"):
-        return None
-    if origin is not None and _origin_key(origin) in security.allowed_origins:
-        return None
-    if site in ("cross-site", "same-site"):
-        if origin is None:
-            return f"Sec-Fetch-Site is {site}"
-        return f"Sec-Fetch-Site is {site} and Origin {echo(origin)} is not allowed"
-    if origin is None:
-        return None
-    scheme, sep, netloc = origin.strip().partition("://")
-    if not sep or not netloc or scheme.lower() not in ("http", "https"):
-        return f"Origin {echo(origin)} is not this server"
-    scheme = scheme.lower()
-    if _netloc_with_port(netloc.rstrip("/"), scheme) != _netloc_with_port(host, scheme):
-        return f"Origin {echo(origin)} is not this server ({echo(host)})"
-    return None
-
-
-def _origin_key(origin: str) -> str | None:
-    """An Origin header as ``security.cors.allowedOrigins`` holds origins: lowercased,
-    without the scheme's default port."""
-    scheme, sep, netloc = origin.strip().lower().partition("://")
-    if not sep or not netloc or scheme not in ("http", "https"):
-        return None
-    default = ":443" if scheme == "https" else ":80"
-    if netloc.endswith(default):
-        netloc = netloc[: -len(default)]
-    return f"{scheme}://{netloc}"
-
-
 @csrf_exempt
 async def unload(request: HttpRequest, model_name: str | None = None) -> HttpResponse:
     """GET /unload, POST /api/models/unload[/{model}]: returns once the processes are gone.
@@ -556,7 +552,7 @@ async def unload(request: HttpRequest, model_name: str | None = None) -> HttpRes
             )
         models = [model.id]
     await rt.dispatcher.unload(models)
-    if request.path == "/unload":
+    if models is not None or request.path == "/unload":  # llama-swap's answers: "OK" here
         return HttpResponse("OK", content_type="text/plain")
     return JsonResponse({"msg": "ok"})
 

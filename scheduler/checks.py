@@ -10,7 +10,8 @@ Two ways in, one set of messages (:func:`inspect_config`):
 
 Messages:
 
-* ``llamaswap.E001``: the config cannot be used; the message names the key path.
+* ``llamaswap.E001``: the config cannot be used; the message names the key path (one
+  per problem found: every invalid scheduler setting is listed, not only the first).
 * ``llamaswap.W001``: a key that is ignored (not supported, unknown) or adjusted.
 """
 
@@ -67,6 +68,10 @@ def inspect_config(
                 obj=path,
                 id=E_CONFIG,
             )
+        ] + [
+            # Problems found in the same pass (every invalid scheduler setting), each with its key.
+            checks.Error(f"{more.key}: {more.message}", hint=hint, obj=path, id=E_CONFIG)
+            for more in exc.also
         ]
     return config, [
         checks.Warning(

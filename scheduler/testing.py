@@ -1,8 +1,8 @@
 """In-memory stand-ins for :mod:`scheduler.process`, for tests of the code that drives models.
 
 :class:`FakeModelProcess` has :class:`~scheduler.process.ModelProcess`'s public surface and
-walks the same :class:`~scheduler.process.ModelState` transitions, with no subprocess and no
-socket. A start can be made slow (``start_delay``), held until the test says so
+runs the same state machine (:class:`scheduler.lifecycle.Lifecycle`: both subclass it, so a
+change to the start/stop rules reaches both), with no subprocess and no socket. A start can be made slow (``start_delay``), held until the test says so
 (``hold_start`` / :meth:`FakeModelProcess.release`), or made to fail (``start_error``); a
 running model can be made to crash (:meth:`FakeModelProcess.crash`), which, like a real
 process, dies at once but is reported (reaped) only later, from the loop. Every effect is
@@ -18,7 +18,6 @@ can take a process factory and get the real class in production and this in test
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import signal
@@ -26,13 +25,17 @@ import socket
 from typing import Any
 
 from scheduler.config import ModelConfig
-from scheduler.process import ExitCallback, LogBuffer, ModelStartError, ModelState, describe_exit
+from scheduler.lifecycle import Lifecycle, ModelStartError, ModelState
+from scheduler.logbuffer import LogBuffer
+from scheduler.process import ExitCallback
+from scheduler.spawn import describe_exit
 
 _pids = itertools.count(100_000)
 
 
-class FakeModelProcess:
-    """A model process that lives in memory. Same semantics as ``ModelProcess``:
+class FakeModelProcess(Lifecycle):
+    """A model process that lives in memory, on the same state machine as ``ModelProcess``
+    (:class:`scheduler.lifecycle.Lifecycle`): only what a start and a stop do is its own.
 
     * ``start()`` from STOPPED goes STARTING -> READY, or back to STOPPED raising
       :class:`ModelStartError` (``start_error``, a :meth:`crash` while starting, or
@@ -62,6 +65,7 @@ class FakeModelProcess:
         hold_start: bool = False,
         journal: list[tuple[str, str]] | None = None,
     ) -> None:
+        super().__init__()
         self.config = config
         self.logs = logs
         self.on_exit = on_exit
@@ -78,21 +82,14 @@ class FakeModelProcess:
         self._gate = asyncio.Event()
         if not hold_start:
             self._gate.set()
-        self._state = ModelState.STOPPED
         self._pid: int | None = None
         self._alive = False
-        self._returncode: int | None = None
         self._kill_returncode: int | None = None
         """How the live process ends when a start fails: -SIGTERM after a stop, 1 after
         ``start_error``; -SIGKILL (a cancelled start) when unset."""
         self._reaping: asyncio.TimerHandle | None = None
         self._death_returncode: int | None = None
-        self._exited = asyncio.Event()
-        self._exited.set()
-        self._abort = asyncio.Event()
         self._abort_cause = ""
-        self._start_done: asyncio.Future[None] | None = None
-        self._stopping: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"<FakeModelProcess {self.config.id} {self._state.value}>"
@@ -102,20 +99,8 @@ class FakeModelProcess:
         return self.config.id
 
     @property
-    def state(self) -> ModelState:
-        return self._state
-
-    @property
     def pid(self) -> int | None:
         return self._pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._returncode
-
-    @property
-    def exited(self) -> asyncio.Event:
-        return self._exited
 
     @property
     def alive(self) -> bool:
@@ -148,8 +133,7 @@ class FakeModelProcess:
         returncode = self._death_returncode
         self._reaped(returncode)
         if self._state is ModelState.READY:
-            self._state = ModelState.STOPPED
-            self._record("crash")
+            self._set_state(ModelState.STOPPED)  # recorded as "crash"
             if self.on_exit is not None:
                 self.on_exit(self)  # type: ignore[arg-type]
         elif self._state is ModelState.STARTING:
@@ -157,50 +141,40 @@ class FakeModelProcess:
             self._abort.set()
         # STOPPING: the stop in progress sees ``exited`` and finishes.
 
+    _RECORDED = {
+        (ModelState.STOPPED, ModelState.STARTING): "start",
+        (ModelState.STARTING, ModelState.READY): "ready",
+        (ModelState.STARTING, ModelState.STOPPED): "start_failed",
+        (ModelState.READY, ModelState.STOPPED): "crash",
+        (ModelState.READY, ModelState.STOPPING): "stop",
+        (ModelState.STOPPING, ModelState.STOPPED): "stopped",
+    }
+    """The journal's entry for each state change."""
+
+    def _changed(self, old: ModelState, new: ModelState) -> None:
+        action = self._RECORDED.get((old, new))
+        if action is not None:
+            self._record(action)
+
     async def start(self) -> None:
         self.calls.append("start")
-        while True:
-            if self._state is ModelState.READY:
-                return
-            if self._state is ModelState.STARTING:
-                assert self._start_done is not None
-                await asyncio.shield(self._start_done)
-                return
-            if self._state is ModelState.STOPPING:
-                assert self._stopping is not None
-                await asyncio.shield(self._stopping)
-                continue
-            break
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._start_done = done
-        self._abort = asyncio.Event()
-        self._exited = asyncio.Event()
-        self._returncode = None
+        await super().start()
+
+    def _begin_start(self) -> None:
         self._kill_returncode = None
         self._death_returncode = None
         self._pid = next(_pids)
         self._alive = True
-        self._state = ModelState.STARTING
-        self._record("start")
-        try:
-            await self._start()
-        except BaseException as exc:
-            if not self._exited.is_set():
-                if self._alive:  # killed by the failed start's cleanup
-                    killed = self._kill_returncode
-                    self._reaped(-int(signal.SIGKILL) if killed is None else killed)
-                else:  # died already: cleaning up waits for nothing more than the reap
-                    assert self._death_returncode is not None
-                    self._reaped(self._death_returncode)
-            self._state = ModelState.STOPPED
-            self._record("start_failed")
-            failure = exc if isinstance(exc, ModelStartError) else None
-            done.set_exception(failure or ModelStartError(self.id, "start was cancelled"))
-            done.exception()
-            raise
-        self._state = ModelState.READY
-        self._record("ready")
-        done.set_result(None)
+
+    def _start_failed(self) -> None:
+        if not self._exited.is_set():
+            if self._alive:  # killed by the failed start's cleanup
+                killed = self._kill_returncode
+                self._reaped(-int(signal.SIGKILL) if killed is None else killed)
+            else:  # died already: cleaning up waits for nothing more than the reap
+                assert self._death_returncode is not None
+                self._reaped(self._death_returncode)
+        self._set_state(ModelState.STOPPED)  # recorded as "start_failed"
 
     async def _start(self) -> None:
         async def ready_after_delay() -> None:
@@ -222,21 +196,14 @@ class FakeModelProcess:
 
     async def stop(self) -> None:
         self.calls.append("stop")
-        if self._state is ModelState.STARTING:
-            assert self._start_done is not None
-            self._abort_cause = "stopped while starting"
-            self._kill_returncode = -int(signal.SIGTERM)
-            self._abort.set()
-            with contextlib.suppress(ModelStartError):
-                await asyncio.shield(self._start_done)
-        if self._state in (ModelState.READY, ModelState.STOPPING):
-            if self._stopping is None or self._stopping.done():
-                self._state = ModelState.STOPPING  # at once, like ModelProcess._begin_stop
-                self._stopping = asyncio.create_task(self._stop())
-            await asyncio.shield(self._stopping)
+        await super().stop()
 
-    async def _stop(self) -> None:
-        self._record("stop")
+    def _abort_start(self, cause: str) -> None:
+        self._abort_cause = cause
+        self._kill_returncode = -int(signal.SIGTERM)
+        super()._abort_start(cause)
+
+    async def _stop_process(self) -> None:
         try:
             if self._alive:
                 # SIGTERM: it exits after stop_delay, unless it dies sooner (crash()).
@@ -251,8 +218,7 @@ class FakeModelProcess:
         finally:
             if not self._exited.is_set():  # cancelled (loop shutting down)
                 self._reaped(-int(signal.SIGKILL))
-            self._state = ModelState.STOPPED
-            self._record("stopped")
+            self._set_state(ModelState.STOPPED)  # recorded as "stopped"
 
     def crash(self, returncode: int = 1, reap_delay: float = 0.0) -> None:
         """The process dies on its own, now: :attr:`alive` goes False and ``("died", id)`` is
@@ -320,7 +286,7 @@ def free_port() -> int:
     """A loopback TCP port that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def descendants(pid: int) -> set[int]:

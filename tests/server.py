@@ -89,7 +89,7 @@ class Server:
         # Each server gets its own SQLite file unless a test says otherwise (environ=).
         env["DATABASE_URL"] = f"sqlite:///{tmp / 'db.sqlite3'}"
         env["PYTHONUNBUFFERED"] = "1"
-        # Its record of model process groups (scheduler/process.py) stays with the test.
+        # Its record of model process groups (scheduler/sweep.py) stays with the test.
         env["LLAMASWAP_STATE_DIR"] = str(tmp / "state")
         env.update(environ or {})
         self.database_url = env["DATABASE_URL"]

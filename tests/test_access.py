@@ -16,11 +16,11 @@ import stat
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from proxy.urls import INFERENCE_PATHS
 from scheduler import runtime
 from scheduler.config import parse_config
 from scheduler.keys import ALL_SCOPES, ApiKey, KeyRing, digest
 from tests.asgi import http_scope, in_process
+from web.paths import INFERENCE_PATHS
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -43,13 +43,12 @@ NO_MODEL = json.dumps({"model": "no-such-model", "messages": []}).encode()
 
 RULES: dict[str, tuple[str, tuple[str, str, bytes]]] = {
     **{p: (API_KEY, ("POST", "/" + p, NO_MODEL)) for p in INFERENCE_PATHS},
-    "^upstream/(?P<model_name>[^/]+)/(?P<path>.*)$": (API_KEY, ("GET", "/upstream/no-such/x", b"")),
-    "^upstream/(?P<model_name>[^/]+)$": (API_KEY, ("GET", "/upstream/no-such", b"")),
+    "^upstream/(?P<rest>.+)$": (API_KEY, ("GET", "/upstream/no-such/x", b"")),
     "v1/models": (API_KEY, ("GET", "/v1/models", b"")),
     "running": (API_KEY, ("GET", "/running", b"")),
     "unload": (API_KEY, ("GET", "/unload", b"")),
     "api/models/unload": (API_KEY, ("POST", "/api/models/unload", b"")),
-    "api/models/unload/<str:model_name>": (API_KEY, ("POST", "/api/models/unload/no-such", b"")),
+    "api/models/unload/<path:model_name>": (API_KEY, ("POST", "/api/models/unload/no-such", b"")),
     "health": (EXEMPT, ("GET", "/health", b"")),
     "api/queue": (API_KEY, ("GET", "/api/queue", b"")),
     "logs": (KEY_OR_STAFF, ("GET", "/logs", b"")),

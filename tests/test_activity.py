@@ -18,7 +18,8 @@ from django.test import Client
 from prometheus_client import REGISTRY
 
 from activity.models import RequestRecord
-from activity.recorder import Recorder, prune, write_records
+from activity.recorder import Recorder
+from activity.rows import prune, write_records
 from scheduler.dispatcher import Dispatcher, Outcome
 from scheduler.testing import FakeProcessFactory
 from tests.helpers import WALL0, FakeClock, granted, make_config, until

@@ -174,7 +174,7 @@ def test_dashboard_live_request_page_and_admin_edit(server, browser):
         # The dashboard shows the new value and where it came from ...
         page.goto(url + "/")
         page.wait_for_selector("body[data-connection=live]", timeout=5000)
-        assert page.inner_text("#settings .s-bonus") == "0"
+        assert page.inner_text('#settings dd[data-setting="swapAffinityBonus"]') == "0"
         assert page.inner_text("#settings .s-source").startswith(
             "admin edit: swapAffinityBonus by admin"
         )

@@ -1,4 +1,4 @@
-"""config.yaml -> Config, with llama-swap's semantics (see scheduler/config.py's docstring)."""
+"""config.yaml -> Config, with llama-swap's semantics (see the docstring of scheduler/config/__init__.py)."""
 
 from __future__ import annotations
 
@@ -1369,6 +1369,7 @@ def test_example_config_commented_scheduler_section_is_true() -> None:
     assert scheduler.use is Policy.SERIAL
     assert (scheduler.aging_divisor, scheduler.swap_affinity_bonus) == (60, 10)
     assert scheduler.fifo_priority == {"qwen3": 10, "embed": 5}
+    assert scheduler.start_failure_cooldown == 5
 
 
 # --------------------------------------------------------------------------- system checks

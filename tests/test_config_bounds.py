@@ -30,12 +30,13 @@ from scheduler.config import (
     MAX_CONFIG_BYTES,
     MAX_CONFIG_DEPTH,
     ConfigError,
-    _Budget,
     check_url,
     expand_macros,
     load_config,
     parse_config,
 )
+from scheduler.config.macros import Budget, macro_scope
+from scheduler.config.values import format_value
 from scheduler.sources import load_sources
 
 pytestmark = pytest.mark.timeout(60)
@@ -323,7 +324,7 @@ def reference(text: str, macros: list[tuple[str, Any]]) -> Any:
             if value == slug:
                 value = replacement
             elif slug in value:
-                value = value.replace(slug, config_mod._format(replacement))
+                value = value.replace(slug, format_value(replacement))
     return value
 
 
@@ -339,5 +340,5 @@ values = st.one_of(texts, st.integers(-5, 5), st.booleans())
     texts,
 )
 def test_expansion_matches_the_plain_reading(macros: list[tuple[str, Any]], text: str) -> None:
-    scope = config_mod._scope(macros)
-    assert expand_macros(text, scope, "k", _Budget()) == reference(text, macros)
+    scope = macro_scope(macros)
+    assert expand_macros(text, scope, "k", Budget()) == reference(text, macros)

@@ -1,5 +1,5 @@
 """The pure rules behind tests/test_e2e_credentials.py: the cross-site rule
-(``proxy.views.cross_site``, fuzzed over Origin x Sec-Fetch-Site x policy), the
+(``web.access.cross_site``, fuzzed over Origin x Sec-Fetch-Site x policy), the
 ``upstream.allowPaths`` check and its default, the header filter a model's request goes
 through, and the ``security`` / ``upstream.allowPaths`` config keys."""
 
@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.upstream import forward_headers
-from proxy.views import cross_site, path_allowed
+from proxy.views import path_allowed
 from scheduler.config import Config, ConfigError, Security, parse_config
+from web.access import cross_site
 
 HOST = "127.0.0.1:8080"
 MODELS = {"m": {"cmd": "x", "proxy": "http://127.0.0.1:9001"}}

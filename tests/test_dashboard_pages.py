@@ -289,8 +289,8 @@ def test_favicon_is_served_and_linked(client, settings):
 
 async def test_favicon_goes_through_the_pages_handler():
     from llamaswap_site.asgi import application
-    from proxy.errors import wants_json
     from tests.asgi import Call
+    from web.paths import wants_json
 
     assert not wants_json("/favicon.ico")  # a page path, not a proxy one
     call = Call(application, "/favicon.ico", b"", method="GET")

@@ -153,10 +153,16 @@ def test_decisions_newest_first_and_settings_with_their_source():
     )
     assert [d["request_id"] for d in snap["decisions"]] == ["new", "old"]
     assert snap["settings"] == {
-        "use": "serial",
-        "agingDivisor": 60,
-        "swapAffinityBonus": 10,
-        "fifoPriority": {},
+        **SETTINGS.as_dict(),  # every setting of the table
+        "shown": {
+            "use": "serial",
+            "agingDivisor": "60",
+            "swapAffinityBonus": "10",
+            "fifoPriority": "none",
+            "agingCap": "no cap",
+            "bandShare": "none",
+            "startFailureCooldown": "5",
+        },
         "source": "admin edit",
         "since": 999_000.0,
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import sys
@@ -318,3 +319,18 @@ async def test_fake_crash_while_starting_fails_the_start_after_the_report():
     assert info.value.cause == "process exited with code 1 before becoming healthy"
     assert process.returncode == 1 and process.state is ModelState.STOPPED
     assert process.journal == [("start", "f"), ("died", "f"), ("start_failed", "f")]
+
+
+@pytest.mark.parametrize("process_class", [ModelProcess, FakeModelProcess])
+def test_the_fake_and_the_real_process_run_one_state_machine(process_class):
+    """The rules a caller relies on (how start and stop wait for each other, STOPPING at
+    once, one stop task, every state change) are written once, in Lifecycle: neither the
+    real process nor the fake may restate them, or the fake could drift from the real."""
+    from scheduler.lifecycle import Lifecycle
+
+    assert issubclass(process_class, Lifecycle)
+    for name in ("_set_state", "_begin_stop", "_spawn_task", "state", "returncode", "exited"):
+        assert getattr(process_class, name) is getattr(Lifecycle, name), name
+    for name in ("start", "stop"):  # the fake may count calls, then must hand over
+        method = getattr(process_class, name)
+        assert method is getattr(Lifecycle, name) or "super()" in inspect.getsource(method)

@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scheduler.guard import OWNER_ENV, Guard, _stat
+from scheduler.guard import Guard
+from scheduler.sweep import OWNER_ENV, proc_stat
 from tests.server import ROOT, Server, alive, chat, free_port_block
 
 pytestmark = pytest.mark.timeout(60)
@@ -92,7 +93,7 @@ def loaded_tree(server: Server) -> set[int]:
     fakellm = [p for p in tree if "-m fakellm" in cmdline(p) and not cmdline(p).startswith("sh ")]
     assert fakellm, [cmdline(p) for p in tree]
     # The model server is a grandchild: PR_SET_PDEATHSIG (the direct child's) misses it.
-    assert all(_stat(p).ppid != server.proc.pid for p in fakellm)
+    assert all(proc_stat(p).ppid != server.proc.pid for p in fakellm)
     return tree
 
 
@@ -193,7 +194,7 @@ def test_the_pipes_eof_sweeps_the_recorded_groups_and_the_marked_processes(tmp_p
     procs += [marked, grouped, bystander]
     record = tmp_path / f"owner-{owner.replace(':', '-')}.json"
     groups = [{"pgid": grouped.pid, "model": "m", "role": "model",
-               "start_time": _stat(grouped.pid).start, "spawn": f"{owner}:1"}]
+               "start_time": proc_stat(grouped.pid).start, "spawn": f"{owner}:1"}]
     record.write_text(json.dumps({"pid": 1, "start_time": int(owner[2:]), "groups": groups}))
     guard = Guard(owner, tmp_path)
     guard.start()

@@ -18,7 +18,8 @@ from django.db import OperationalError, connection
 
 from activity.journal import Journal, decode, encode, replay
 from activity.models import RequestRecord
-from activity.recorder import Recorder, snapshot, write_records
+from activity.recorder import Recorder
+from activity.rows import snapshot, write_records
 from scheduler.core.policy import SchedulerSettings
 from scheduler.dispatcher import Dispatcher, Outcome, Ticket
 from scheduler.testing import FakeProcessFactory
@@ -386,7 +387,7 @@ async def test_the_recorder_replays_dead_journals_once_the_database_answers(worl
 
 def test_write_records_and_the_journal_give_the_same_row():
     """Live batches and replays build rows from the same snapshot function."""
-    from activity.recorder import record_fields, snapshot_fields
+    from activity.rows import record_fields, snapshot_fields
 
     ticket = _ticket("same")
     ticket.extra["timings"] = {"predicted_per_second": 12.5, "prompt_n": 3, "cache_n": 1}

@@ -63,14 +63,13 @@ def test_config_scope_errors_name_the_key(entries, where, message):
 # -- the path table ----------------------------------------------------------------------------
 
 SCOPE_OF_PATTERN = {
-    "^upstream/(?P<model_name>[^/]+)/(?P<path>.*)$": INF,
-    "^upstream/(?P<model_name>[^/]+)$": INF,
+    "^upstream/(?P<rest>.+)$": INF,
     "v1/models": INF,
     "running": INF,
     "api/profiles": INF,
     "unload": MOD,
     "api/models/unload": MOD,
-    "api/models/unload/<str:model_name>": MOD,
+    "api/models/unload/<path:model_name>": MOD,
     "api/profiles/active": PRO,
     "api/queue": OPS,
     "logs": OPS,

@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scheduler import process as process_module
+from scheduler import spawn as spawn_module
+from scheduler import sweep
 from scheduler.config import ModelConfig
 from scheduler.process import (
     OWNER_ENV,
@@ -395,10 +396,10 @@ async def test_spawns_are_marked_and_recorded_until_their_group_is_gone(spawn, s
         record = json.loads(path.read_text())
         pid, start = owner_id().split(":")
         assert (record["pid"], record["start_time"]) == (int(pid), int(start))
-        assert int(start) == process_module._stat(int(pid)).start
+        assert int(start) == sweep.proc_stat(int(pid)).start
         (group,) = record["groups"]
         assert group["pgid"] == process.pid and group["model"] == "m"
-        assert group["start_time"] == process_module._stat(process.pid).start
+        assert group["start_time"] == sweep.proc_stat(process.pid).start
         assert group["spawn"] == env[SPAWN_ENV]
         assert process.alive
         await process.stop()
@@ -492,7 +493,8 @@ SERVER = """
 import asyncio, json, shlex, sys
 sys.path.insert(0, sys.argv[1])
 from scheduler.config import ModelConfig
-from scheduler.process import LogBuffer, ModelProcess, become_subreaper, owner_id, set_state_dir
+from scheduler.process import LogBuffer, ModelProcess, owner_id, set_state_dir
+from scheduler.spawn import become_subreaper
 
 async def main():
     root, state, port, escapee = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -618,7 +620,7 @@ async def test_port_check_covers_localhost_and_skips_other_hosts(spawn):
     loop = asyncio.get_running_loop()
     began = loop.time()
     for url in ("http://192.0.2.1:80", "http://example.invalid:1", "not a url"):
-        assert await process_module._port_in_use(url) is None  # never probed
+        assert await spawn_module.port_in_use(url) is None  # never probed
     assert loop.time() - began < 0.2
 
 

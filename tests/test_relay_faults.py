@@ -179,6 +179,9 @@ async def fault_ends_the_turn(proxy, monkeypatch, point, fault, stream):
             monkeypatch.setattr(Turn, "wait", broken_wait)
     elif point == "loading":
         factory.configure("m", hold_start=True, start_error="injected" if fault == "exception" else None)
+        # Without this, startFailureCooldown would answer the next request with the
+        # start's failure for 5 s (tests/test_admission.py); here it must start again.
+        dispatcher.set_settings(dispatcher.settings.with_changes(start_failure_cooldown=0.0))
     elif point != "after":
         upstream.hold = point
         upstream.fault = fault if fault in ("exception", "reset") else None

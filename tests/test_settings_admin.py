@@ -12,6 +12,7 @@ from dashboard.settings_store import apply_at_start, apply_at_start_or_config, s
 from scheduler import runtime
 from scheduler.config import Config
 from scheduler.core.policy import SchedulerSettings
+from scheduler.core.settings import BY_FIELD
 
 pytestmark = pytest.mark.django_db
 
@@ -24,7 +25,7 @@ def _admin_edit(user: str = "alice", **values) -> None:
 
     old = record_values(record)
     for field, value in values.items():
-        setattr(record, field, value)
+        record.values[BY_FIELD[field].name] = value
     record.save()
     save_admin_edit(record, old, user)
 
@@ -43,6 +44,7 @@ def test_first_start_stores_the_config_file_values():
         "agingCap": None,
         "bandShare": {},
         "fifoPriority": {},
+        "startFailureCooldown": 5,
     }
 
 
@@ -136,6 +138,7 @@ def _form(**changes) -> dict:
         "aging_divisor": "60",
         "swap_affinity_bonus": "10",
         "fifo_priority": "{}",
+        "start_failure_cooldown": "5",
         "_save": "Save",
     }
     data.update(changes)
@@ -154,7 +157,7 @@ def test_the_admin_needs_a_login(client):
 def test_the_settings_list_goes_to_the_one_row(admin_client, running):
     response = admin_client.get(reverse("admin:dashboard_schedulersettingsrecord_changelist"))
     assert response.status_code == 302 and response["Location"] == _change_url()
-    assert SchedulerSettingsRecord.objects.get().swap_affinity_bonus == 10
+    assert SchedulerSettingsRecord.objects.get().values["swapAffinityBonus"] == 10
 
 
 @pytest.mark.parametrize(
@@ -258,7 +261,7 @@ def test_fifo_priorities_are_edited_as_rows(admin_client, running):
     form = _form(**_rows(("qwen3", "10"), ("llama", " -5 ")))
     del form["fifo_priority"]
     assert admin_client.post(_change_url(), form).status_code == 302
-    assert SchedulerSettingsRecord.objects.get().fifo_priority == {"qwen3": 10, "llama": -5}
+    assert SchedulerSettingsRecord.objects.get().values["fifoPriority"] == {"llama": -5, "qwen3": 10}
     ((settings, _),) = running.calls
     assert dict(settings.fifo_priority) == {"qwen3": 10, "llama": -5}
     # clearing a row's model id removes it
@@ -272,7 +275,7 @@ def test_fifo_priorities_are_edited_as_rows(admin_client, running):
     form = _form(**_rows(("", ""), ("llama", "-5")))
     del form["fifo_priority"]
     assert admin_client.post(_change_url(), form).status_code == 302
-    assert SchedulerSettingsRecord.objects.get().fifo_priority == {"llama": -5}
+    assert SchedulerSettingsRecord.objects.get().values["fifoPriority"] == {"llama": -5}
 
 
 @pytest.mark.parametrize(
@@ -320,7 +323,7 @@ def test_the_bounds_are_edited_in_the_admin_and_reach_the_dispatcher(admin_clien
         "batch": 0.2
     }
     record = SchedulerSettingsRecord.objects.get()
-    assert record.band_share == {"batch": 0.2} and record.aging_cap == 100
+    assert record.values["bandShare"] == {"batch": 0.2} and record.values["agingCap"] == 100
     assert set(record.admin_overrides) == {"agingCap", "bandShare"}
     fields = sorted(SettingsChange.objects.values_list("field", flat=True))
     assert fields == ["agingCap", "bandShare"]

@@ -30,7 +30,6 @@ Two opt-in starvation bounds (both off by default, so the spec's order is unchan
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -38,15 +37,16 @@ from types import MappingProxyType
 from typing import Any
 
 from scheduler.core.priority import Band, band_of
-
-
-class Policy(StrEnum):
-    """Which scheduler orders the queue (``routing.scheduler.use``)."""
-
-    SERIAL = "serial"
-    """The spec's scheduler: one job at a time, score = priority + affinity + aging."""
-    FIFO = "fifo"
-    """llama-swap's: model priority + header priority, arrival order among equals."""
+from scheduler.core.settings import (
+    BY_FIELD,
+    BY_NAME,
+    SETTINGS,
+    check_fields,
+    fields_from_names,
+)
+from scheduler.core.settings import SETTINGS_PREFIX as SETTINGS_PREFIX  # re-exported
+from scheduler.core.settings import Policy as Policy
+from scheduler.core.settings import SettingsError as SettingsError
 
 
 class Term(StrEnum):
@@ -60,117 +60,77 @@ class Term(StrEnum):
     """A band's guaranteed share of GPU time (``bandShare``) overrode the score order."""
 
 
-SETTINGS_PREFIX = "routing.scheduler"
-KEY_USE = f"{SETTINGS_PREFIX}.use"
-KEY_AGING = f"{SETTINGS_PREFIX}.settings.serial.agingDivisor"
-KEY_BONUS = f"{SETTINGS_PREFIX}.settings.serial.swapAffinityBonus"
-KEY_FIFO = f"{SETTINGS_PREFIX}.settings.fifo.priority"
-KEY_AGING_CAP = f"{SETTINGS_PREFIX}.settings.serial.agingCap"
-KEY_BAND_SHARE = f"{SETTINGS_PREFIX}.settings.serial.bandShare"
+KEY_USE = BY_NAME["use"].key
+KEY_AGING = BY_NAME["agingDivisor"].key
+KEY_BONUS = BY_NAME["swapAffinityBonus"].key
+KEY_FIFO = BY_NAME["fifoPriority"].key
+KEY_AGING_CAP = BY_NAME["agingCap"].key
+KEY_BAND_SHARE = BY_NAME["bandShare"].key
 
-DEFAULT_AGING_DIVISOR = 60
-DEFAULT_SWAP_AFFINITY_BONUS = 10
-MAX_SWAP_AFFINITY_BONUS = 99
-
-
-class SettingsError(ValueError):
-    """An invalid scheduler setting; ``key`` is the config key path."""
-
-    def __init__(self, key: str, value: object, reason: str) -> None:
-        self.key = key
-        self.value = value
-        self.reason = reason
-        super().__init__(f"{key}: {reason} (got {value!r})")
+DEFAULT_AGING_DIVISOR = BY_NAME["agingDivisor"].default
+DEFAULT_SWAP_AFFINITY_BONUS = BY_NAME["swapAffinityBonus"].default
+MAX_SWAP_AFFINITY_BONUS = BY_NAME["swapAffinityBonus"].maximum
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _default(name: str) -> Any:
+    """A field's default, from the settings table (maps through a factory: a dataclass
+    default must be hashable)."""
+    row = BY_FIELD[name]
+    if row.is_map:
+        return field(default_factory=lambda: MappingProxyType(dict(row.default)))
+    return field(default=row.default)
 
 
 @dataclass(frozen=True)
 class SchedulerSettings:
-    """Validated scheduler settings. Build with :meth:`create` to validate."""
+    """Validated scheduler settings. Build with :meth:`create` to validate.
 
-    use: Policy = Policy.SERIAL
-    aging_divisor: float = DEFAULT_AGING_DIVISOR
-    swap_affinity_bonus: int = DEFAULT_SWAP_AFFINITY_BONUS
-    fifo_priority: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
-    aging_cap: float | None = None
+    Each field has a row in :data:`scheduler.core.settings.SETTINGS` (YAML name, default,
+    range, help); ``tests/test_settings_table.py`` checks that they match."""
+
+    use: Policy = _default("use")
+    aging_divisor: float = _default("aging_divisor")
+    swap_affinity_bonus: int = _default("swap_affinity_bonus")
+    fifo_priority: Mapping[str, int] = _default("fifo_priority")
+    aging_cap: float | None = _default("aging_cap")
     """At most this many aging points (None: unbounded, the spec's default)."""
-    band_share: Mapping[Band, float] = field(default_factory=lambda: MappingProxyType({}))
+    band_share: Mapping[Band, float] = _default("band_share")
     """Guaranteed share of GPU time per band while it has work waiting (empty: off)."""
+    start_failure_cooldown: float = _default("start_failure_cooldown")
+    """Seconds after a failed start during which requests for that model fail at once with
+    the cause (0: every request retries the start)."""
 
     @classmethod
-    def create(
-        cls,
-        use: object = Policy.SERIAL.value,
-        aging_divisor: object = DEFAULT_AGING_DIVISOR,
-        swap_affinity_bonus: object = DEFAULT_SWAP_AFFINITY_BONUS,
-        fifo_priority: Mapping[Any, Any] | None = None,
-        aging_cap: object = None,
-        band_share: Mapping[Any, Any] | None = None,
-    ) -> SchedulerSettings:
-        """Validate raw values (from YAML, a form or the command line).
+    def create(cls, **raw: object) -> SchedulerSettings:
+        """Validate raw values (from YAML, a form or the command line) by field name; the
+        missing ones take their defaults.
 
-        Raises :class:`SettingsError` naming the key and the value.
+        Raises :class:`SettingsError` naming the key and the value, TypeError for a name
+        that is no setting.
         """
-        try:
-            policy = Policy(use if isinstance(use, str) else "")
-        except ValueError:
-            raise SettingsError(KEY_USE, use, "must be 'serial' or 'fifo'") from None
-        if isinstance(aging_divisor, bool) or not isinstance(aging_divisor, int | float):
-            raise SettingsError(KEY_AGING, aging_divisor, "must be a number >= 0")
-        if not math.isfinite(aging_divisor) or aging_divisor < 0:
-            raise SettingsError(KEY_AGING, aging_divisor, "must be a finite number >= 0")
-        if not _is_int(swap_affinity_bonus):
-            raise SettingsError(KEY_BONUS, swap_affinity_bonus, "must be an integer 0..99")
-        assert isinstance(swap_affinity_bonus, int)
-        if not 0 <= swap_affinity_bonus <= MAX_SWAP_AFFINITY_BONUS:
-            raise SettingsError(KEY_BONUS, swap_affinity_bonus, "must be an integer 0..99")
-        priorities: dict[str, int] = {}
-        if fifo_priority is not None:
-            if not isinstance(fifo_priority, Mapping):
-                raise SettingsError(KEY_FIFO, fifo_priority, "must be a map of model id to integer")
-            for model, value in fifo_priority.items():
-                if not isinstance(model, str) or not model:
-                    raise SettingsError(KEY_FIFO, model, "model ids must be non-empty strings")
-                if not _is_int(value):
-                    raise SettingsError(f"{KEY_FIFO}.{model}", value, "must be an integer")
-                priorities[model] = value
-        return cls(
-            use=policy,
-            aging_divisor=aging_divisor,
-            swap_affinity_bonus=swap_affinity_bonus,
-            fifo_priority=MappingProxyType(priorities),
-            aging_cap=_aging_cap(aging_cap),
-            band_share=MappingProxyType(_band_share(band_share)),
-        )
+        return cls(**check_fields(raw))
+
+    @classmethod
+    def from_names(cls, values: Mapping[str, object]) -> SchedulerSettings:
+        """Validate raw values by YAML name (``agingDivisor``), as stored or as JSON."""
+        return cls.create(**fields_from_names(values))
 
     def with_changes(self, **changes: object) -> SchedulerSettings:
         """A validated copy with some values replaced (keyword names as in :meth:`create`)."""
-        values: dict[str, object] = {
-            "use": self.use.value,
-            "aging_divisor": self.aging_divisor,
-            "swap_affinity_bonus": self.swap_affinity_bonus,
-            "fifo_priority": dict(self.fifo_priority),
-            "aging_cap": self.aging_cap,
-            "band_share": {band.value: share for band, share in self.band_share.items()},
-        }
+        values = self.raw()
         unknown = set(changes) - set(values)
         if unknown:
             raise TypeError(f"unknown settings: {sorted(unknown)}")
         values.update(changes)
-        return SchedulerSettings.create(**values)  # type: ignore[arg-type]
+        return SchedulerSettings.create(**values)
+
+    def raw(self) -> dict[str, object]:
+        """Every value as JSON by field name (what :meth:`create` takes back)."""
+        return {s.field: s.plain(getattr(self, s.field)) for s in SETTINGS}
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "use": self.use.value,
-            "agingDivisor": self.aging_divisor,
-            "swapAffinityBonus": self.swap_affinity_bonus,
-            "fifoPriority": dict(self.fifo_priority),
-            "agingCap": self.aging_cap,
-            "bandShare": {band.value: share for band, share in self.band_share.items()},
-        }
+        """Every value as JSON by YAML name (``agingDivisor``)."""
+        return {s.name: s.plain(getattr(self, s.field)) for s in SETTINGS}
 
     @property
     def bounded(self) -> bool:
@@ -178,49 +138,17 @@ class SchedulerSettings:
         return self.aging_cap is not None or bool(self.band_share)
 
 
-def _aging_cap(value: object) -> float | None:
-    """``agingCap``: None (absent: no cap) or a finite number > 0."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SettingsError(KEY_AGING_CAP, value, "must be a number > 0 (or absent: no cap)")
-    if not math.isfinite(value) or value <= 0:
-        raise SettingsError(KEY_AGING_CAP, value, "must be a finite number > 0 (or absent: no cap)")
-    return value
+def aging_points(wait: float, divisor: float, cap: float | None) -> float:
+    """The aging term of a request that has waited ``wait`` seconds (the module's formula)."""
+    if not divisor:
+        return 0.0
+    aging = max(0.0, wait) / divisor
+    return min(aging, cap) if cap is not None else aging
 
 
-def _band_share(value: Mapping[Any, Any] | None) -> dict[Band, float]:
-    """``bandShare``: band name -> share in 0..1; the shares sum to at most 1. Zero shares
-    are dropped (a band without a share is scheduled by score alone)."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SettingsError(
-            KEY_BAND_SHARE, value, "must be a map of band (interactive, normal, batch) to share"
-        )
-    shares: dict[Band, float] = {}
-    for name, share in value.items():
-        try:
-            band = Band(name if isinstance(name, str) else "")
-        except ValueError:
-            raise SettingsError(
-                KEY_BAND_SHARE, name, "bands are interactive, normal and batch"
-            ) from None
-        key = f"{KEY_BAND_SHARE}.{band.value}"
-        if isinstance(share, bool) or not isinstance(share, int | float):
-            raise SettingsError(key, share, "must be a number from 0 to 1")
-        if not math.isfinite(share) or not 0 <= share <= 1:
-            raise SettingsError(key, share, "must be a number from 0 to 1")
-        if share:
-            shares[band] = float(share)
-    total = sum(shares.values())
-    if total > 1 + 1e-9:
-        raise SettingsError(
-            KEY_BAND_SHARE,
-            {b.value: s for b, s in shares.items()},
-            f"the shares sum to {total:g}, more than 1",
-        )
-    return {band: shares[band] for band in sorted(shares, key=list(Band).index)}
+def serial_score(priority: int, affinity: float, aging: float) -> float:
+    """The serial score: priority + swap affinity + aging."""
+    return priority + affinity + aging
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from activity.recorder import prune
+from activity.rows import prune
 
 
 class Command(BaseCommand):

@@ -114,11 +114,10 @@
 
   function renderSettings(snap) {
     var s = snap.settings;
-    setText("#settings .s-use", s.use);
-    setText("#settings .s-aging", s.agingDivisor);
-    setText("#settings .s-bonus", s.swapAffinityBonus);
-    var fifo = Object.keys(s.fifoPriority).map(function (m) { return m + "=" + s.fifoPriority[m]; });
-    setText("#settings .s-fifo", fifo.join(" ") || "none");
+    // Every setting of the table, as the server wrote it (scheduler.core.settings.shown).
+    Object.keys(s.shown).forEach(function (name) {
+      setText('#settings dd[data-setting="' + name + '"]', s.shown[name]);
+    });
     var source = $("#settings .s-source");
     if (source) source.innerHTML = localStamps(s.source);
     var since = $("#settings .s-since");

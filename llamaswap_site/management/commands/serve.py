@@ -88,6 +88,31 @@ ANY_HOST_WARNING = (
 )
 
 
+def tls_files(cert: str, key: str) -> tuple[str, str] | None:
+    """``--tls-cert-file``/``--tls-key-file`` (llama-swap's ``-tls-*``): both or neither."""
+    if bool(cert) != bool(key):
+        raise CommandError("both --tls-cert-file and --tls-key-file must be provided for TLS")
+    for name, file in (("--tls-cert-file", cert), ("--tls-key-file", key)):
+        if file and not os.path.isfile(file):
+            raise CommandError(f"{name}: no such file {file!r}")
+    return (cert, key) if cert else None
+
+
+def endpoint(host: str, port: int, tls: tuple[str, str] | None) -> str:
+    """The Twisted endpoint daphne listens on: ``tcp:``, or ``ssl:`` with the PEM files.
+    Endpoint syntax escapes ``:`` (IPv6, paths) and ``=``; Twisted's default backlog of
+    50 drops connections in a burst."""
+
+    def esc(text: str) -> str:
+        return text.replace("\\", "\\\\").replace(":", "\\:").replace("=", "\\=")
+
+    common = f"port={port}:interface={esc(host)}:backlog=1024"
+    if tls is None:
+        return f"tcp:{common}"
+    cert, key = tls
+    return f"ssl:{common}:certKey={esc(os.path.abspath(cert))}:privateKey={esc(os.path.abspath(key))}"
+
+
 class Command(BaseCommand):
     help = "Serve llamaswap (proxy, dashboard, metrics) with daphne."
 
@@ -105,9 +130,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--listen",
-            default="127.0.0.1:8080",
-            help="HOST:PORT, [IPV6]:PORT, or :PORT for every interface (default 127.0.0.1:8080)",
+            default="",
+            help="HOST:PORT, [IPV6]:PORT, or :PORT for every interface "
+            "(default 127.0.0.1:8080, 127.0.0.1:8443 with TLS)",
         )
+        parser.add_argument("--tls-cert-file", default="", help="serve HTTPS: the certificate (PEM)")
+        parser.add_argument("--tls-key-file", default="", help="serve HTTPS: the private key (PEM)")
         parser.add_argument("--grace", type=float, default=30.0, help="seconds running requests get at shutdown")
         parser.add_argument("--access-log", action="store_true", help="log every HTTP request")
 
@@ -120,6 +148,7 @@ class Command(BaseCommand):
 
         http_server.install()  # protocol-level refusals (Twisted, daphne) as JSON errors
 
+        from llamaswap_site import ws_limits
         from llamaswap_site.logfmt import apply_log_config
         from llamaswap_site.reload import Reloader
         from proxy.collector import collector
@@ -128,9 +157,10 @@ class Command(BaseCommand):
         from scheduler.config import ConfigError
         from scheduler.dispatcher import Dispatcher
         from scheduler.keys import KeyRing
-        from scheduler.process import prepare_server
         from scheduler.sources import load_sources
+        from scheduler.spawn import prepare_server
 
+        tls = tls_files(options["tls_cert_file"], options["tls_key_file"])
         path = options["config"] or (settings.LLAMASWAP_CONFIG if not options["config_dir"] else "")
         config_dir = options["config_dir"]
         if not path and not config_dir:
@@ -139,13 +169,14 @@ class Command(BaseCommand):
             config = load_sources(path, config_dir)
         except ConfigError as error:
             raise CommandError(f"config {path or config_dir}: {error}") from None
+        apply_log_config(config)  # logLevel, logTimeFormat, logToStdout: from the first line on
         reloader = Reloader(path, config_dir)
-        prepare_server()  # state dir, subreaper, kill what dead instances left (scheduler.process)
+        prepare_server()  # state dir, subreaper, kill what dead instances left (scheduler.spawn)
         http_server.install_limits(config.limits)  # slow or oversized clients, per connection
-        http_server.install_websocket_limits()  # websocket floods and clients that do not read
+        ws_limits.install_websocket_limits()  # websocket floods and clients that do not read
         for warning in config.warnings:
             self.stderr.write(f"warning: {warning}")
-        host, port = parse_listen(options["listen"])
+        host, port = parse_listen(options["listen"] or ("127.0.0.1:8443" if tls else "127.0.0.1:8080"))
         # The Host names to accept, before the app is built (the websocket route reads them).
         if not os.getenv("ALLOWED_HOSTS", "").strip():
             settings.ALLOWED_HOSTS = allowed_hosts_for(host)
@@ -158,7 +189,7 @@ class Command(BaseCommand):
             log.warning(exposed)
 
         # Admin edits of the scheduler settings survive a restart unless the config
-        # file's value for that key changed since the last start (dashboard.settings_store).
+        # file's value for that key changed since the last start (scheduler.core.settings.merge_at_start).
         from dashboard.keys import reload_at_start as reload_issued_keys
         from dashboard.settings_store import apply_at_start_or_config
 
@@ -196,12 +227,9 @@ class Command(BaseCommand):
                 ports.append(port_obj)
                 super().listen_success(port_obj)
 
-        # Twisted endpoint syntax escapes ':' (IPv6); its default backlog of 50 drops
-        # connections in a burst.
-        interface = host.replace(":", "\\:")
         server = LlamaswapServer(
             application,
-            endpoints=[f"tcp:port={port}:interface={interface}:backlog=1024"],
+            endpoints=[endpoint(host, port, tls)],
             signal_handlers=False,
             action_logger=_access_log if options["access_log"] else None,
             verbosity=0,
@@ -270,7 +298,7 @@ class Command(BaseCommand):
                 starter = getattr(obs, "start", None)
                 if starter is not None:
                     loop.create_task(starter())
-            base = f"http://{url_host(host)}:{port}/"
+            base = f"{'https' if tls else 'http'}://{url_host(host)}:{port}/"
             self.stdout.write(
                 f"llamaswap serving {len(config.models)} model(s) from {path or config_dir} on {base} "
                 f"(scheduler: {config.scheduler.use.value})"

@@ -23,6 +23,8 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction
 from django.http import HttpRequest, HttpResponse
 
+from web.paths import wants_json
+
 REQUEST_ID_HEADER = "X-LlamaSwap-Request-Id"
 ECHO_LIMIT = 200
 """Characters of a client-sent value quoted in an error message."""
@@ -58,8 +60,6 @@ CODES = {
     504: "gateway_timeout",
 }
 """The code an error gets when its caller names none."""
-
-JSON_PREFIXES = ("/v1/", "/api/", "/upstream/", "/logs/")
 
 
 def default_code(status: int) -> str:
@@ -193,7 +193,7 @@ def invalid_host(host: str, path: str) -> HttpResponse:
 
 
 def cross_origin_refused(reason: str) -> HttpResponse:
-    """403 for a browser request from a site no policy allows (proxy.views.cross_site)."""
+    """403 for a browser request from a site no policy allows (:func:`web.access.cross_site`)."""
     return error_response(
         403,
         f"cross-origin request refused: {reason}; a site of your own may be allowed in "
@@ -206,22 +206,6 @@ def login_required() -> HttpResponse:
     """403 for the dashboard's JSON API when it needs a Django login and has none."""
     return error_response(
         403, "this needs a login: sign in at /admin/login/", code="login_required"
-    )
-
-
-# -- which answers are JSON ----------------------------------------------------------------
-
-
-def wants_json(path: str) -> bool:
-    """API and proxy paths answer errors in JSON; pages (dashboard, admin) in HTML."""
-    from proxy.urls import PROXY_EXACT, PROXY_PREFIXES  # here: proxy.urls imports the views
-
-    return (
-        path in PROXY_EXACT
-        or path.startswith(PROXY_PREFIXES)
-        or path.startswith(JSON_PREFIXES)
-        or path.rstrip("/") in PROXY_EXACT
-        or path.rstrip("/") in ("/v1", "/api", "/upstream")
     )
 
 
@@ -294,7 +278,8 @@ def allow_methods(*methods: str) -> Callable[[Callable[..., Any]], Callable[...,
             async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
                 if request.method not in allowed:
                     return method_not_allowed(request, names)
-                return await view(request, *args, **kwargs)
+                response: HttpResponse = await view(request, *args, **kwargs)
+                return response
 
         else:
 
@@ -302,7 +287,8 @@ def allow_methods(*methods: str) -> Callable[[Callable[..., Any]], Callable[...,
             def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
                 if request.method not in allowed:
                     return method_not_allowed(request, names)
-                return view(request, *args, **kwargs)
+                response: HttpResponse = view(request, *args, **kwargs)
+                return response
 
         if allowed <= SAFE_METHODS:
             wrapper.csrf_exempt = True  # type: ignore[attr-defined]
