@@ -21,13 +21,12 @@ from scheduler.core.simulate import (
     GENERATED_LOAD_SECONDS,
     RECOMMENDED,
     TRACE_SHAPES,
-    check_targets,
     format_duration,
-    format_targets,
     generate_trace,
     parse_overrides,
     simulate,
 )
+from scheduler.core.targets import check_targets, format_targets
 
 REQUESTS = 1000
 SEED = 0

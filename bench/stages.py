@@ -64,7 +64,8 @@ def _queue_class() -> Any:
 
 def install() -> None:
     from proxy.turn import Turn
-    from scheduler.dispatcher import Dispatcher, Outcome, _Finished
+    from scheduler.dispatch_state import Finished
+    from scheduler.dispatcher import Dispatcher, Outcome
 
     def wrap(cls: Any, name: str, before: str | None = None, after: str | None = None) -> None:
         original = getattr(cls, name)
@@ -92,7 +93,7 @@ def install() -> None:
     handle = Dispatcher._handle
 
     def handled(self: Dispatcher, event: object) -> None:
-        if isinstance(event, _Finished):
+        if isinstance(event, Finished):
             _stamp("handle")
         handle(self, event)
 

@@ -37,9 +37,9 @@ from django.utils import timezone
 
 from activity.history import history_rows
 from activity.models import RequestRecord
+from dashboard.access import read_only_page
+from dashboard.filters import BadFilter, parse_when, parse_zone
 from dashboard.settings_store import stored_settings
-from dashboard.views import BadFilter, _parse_when, _zone, read_only_page
-from proxy.errors import echo
 from scheduler.core.advisor import (
     Advice,
     CrossBand,
@@ -47,10 +47,12 @@ from scheduler.core.advisor import (
     aging_decides,
     cross_band,
     suggestion,
+    too_small,
 )
 from scheduler.core.policy import SchedulerSettings, SettingsError
 from scheduler.core.priority import BANDS, Band
 from scheduler.core.replay import ReplayError, from_history, replay_error
+from scheduler.core.settings import assignable_names
 from scheduler.core.simulate import (
     SimResult,
     describe_settings,
@@ -59,6 +61,7 @@ from scheduler.core.simulate import (
     simulate,
     table_rows,
 )
+from web.errors import echo
 
 log = logging.getLogger("llamaswap.whatif")
 
@@ -108,6 +111,18 @@ def current_settings() -> SchedulerSettings:
     return stored_settings() or SchedulerSettings()
 
 
+def running_box() -> dict[str, Any]:
+    """The running server's lanes and admission rules (groups or matrix, slots, limits,
+    bounds, ttl), so the replay runs the box as the dispatcher does; none outside one."""
+    from scheduler import runtime
+    from scheduler.rules import rules_of
+
+    if not runtime.is_running():
+        return {}
+    config = runtime.current().dispatcher.config
+    return {"lanes": dict(config.lane_of), "rules": rules_of(config)}
+
+
 def compute(
     since: datetime | None,
     until: datetime | None,
@@ -120,8 +135,10 @@ def compute(
     history = from_history(rows, current)
     loads = history.loads
 
+    box = running_box()
+
     def run(settings: SchedulerSettings, label: str) -> SimResult:
-        return simulate(history.trace, settings, loads, label=label)
+        return simulate(history.trace, settings, loads, label=label, **box)
 
     replay = run(current, "replay: " + describe_settings(current))
     results = [history.recorded, replay]
@@ -318,8 +335,11 @@ def client_of(request: HttpRequest) -> str:
 
 # -- charts --------------------------------------------------------------------------------
 
-CHART_W, CHART_H = 320, 150
+CHART_W, CHART_H = 520, 220
+"""The plot area; the SVG adds margins for the axes' labels (the template's viewBox)."""
 QUANTILES = (0, 10, 25, 50, 75, 90, 95, 99, 100)
+X_TICKS = (0, 25, 50, 75, 90, 100)
+"""Percentiles labelled on the x axis (95 and 99 would overlap 100)."""
 COLORS = ("#444", "#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 
 
@@ -342,6 +362,7 @@ def charts(results: Sequence[SimResult]) -> list[dict[str, Any]]:
                 top = max(top, waits[-1])
             series.append(waits)
         lines = []
+        drawn: dict[str, str] = {}  # points -> the label of the line drawn with them
         for k, (result, waits) in enumerate(zip(results, series, strict=True)):
             if not waits:
                 continue
@@ -349,20 +370,61 @@ def charts(results: Sequence[SimResult]) -> list[dict[str, Any]]:
             for q in QUANTILES:
                 value = waits[min(len(waits) - 1, max(0, math.ceil(q / 100 * len(waits)) - 1))]
                 points.append(f"{round(q / 100 * CHART_W, 1)},{_y(value, top)}")
+            joined = " ".join(points)
+            same_as = drawn.setdefault(joined, result.label)
             lines.append(
                 {
-                    "label": result.label,
+                    "label": result.label
+                    + ("" if same_as == result.label else f" (same as {same_as})"),
                     "color": COLORS[k % len(COLORS)],
-                    "points": " ".join(points),
+                    "points": joined,
                     "dashed": k == 0,
+                    # A line on top of an earlier one is drawn dotted, so both show.
+                    "dotted": same_as != result.label,
                 }
             )
         ticks = [
-            {"y": _y(s, top), "label": format_duration(s)} for s in (1, 60, 3600, 86400) if s <= top
+            {"y": _y(s, top), "label": format_duration(s)}
+            for s in (1, 10, 60, 600, 3600, 86400)
+            if s <= top
         ]
+        x_ticks = [{"x": round(q / 100 * CHART_W, 1), "label": f"p{q}"} for q in X_TICKS]
         out.append(
-            {"band": band.value, "lines": lines, "ticks": ticks, "top": format_duration(top)}
+            {
+                "band": band.value,
+                "lines": lines,
+                "ticks": ticks,
+                "x_ticks": x_ticks,
+                "top": format_duration(top),
+            }
         )
+    return out
+
+
+def verdicts(results: Sequence[SimResult]) -> list[dict[str, Any]]:
+    """Each candidate against the replay of the settings in effect (the same model of the
+    box, so the difference is the settings'), per band at p95: lower wait is better."""
+    if len(results) < 3:
+        return []
+    base = results[1]
+    out = []
+    for result in results[2:]:
+        cells = []
+        for band in BANDS:
+            was, now = base.bands.get(band), result.bands.get(band)
+            if not was or not now or not was.requests or not now.requests:
+                cells.append({"band": band.value, "text": "–", "kind": "none"})
+                continue
+            a, b = was.wait_p95, now.wait_p95
+            if abs(a - b) <= max(1.0, 0.05 * max(a, b)):
+                kind, arrow, word = "same", "=", "about the same"
+            elif b < a:
+                kind, arrow, word = "better", "▼", "better"
+            else:
+                kind, arrow, word = "worse", "▲", "worse"
+            text = f"{arrow} {format_duration(a)} → {format_duration(b)} ({word})"
+            cells.append({"band": band.value, "text": text, "kind": kind})
+        out.append({"label": result.label, "cells": cells})
     return out
 
 
@@ -385,7 +447,7 @@ def whatif(request: HttpRequest) -> HttpResponse:
     problems: list[str] = []
     zone: tzinfo = UTC
     try:
-        zone = _zone(params.get("tz", "").strip())
+        zone = parse_zone(params.get("tz", "").strip())
     except BadFilter as exc:
         problems.append(str(exc))
     form = {
@@ -396,7 +458,7 @@ def whatif(request: HttpRequest) -> HttpResponse:
     bounds: dict[str, datetime | None] = {"since": None, "until": None}
     for name in ("since", "until"):
         try:
-            bounds[name] = _parse_when(name, form[name], end=name == "until", zone=zone)
+            bounds[name] = parse_when(name, form[name], end=name == "until", zone=zone)
         except BadFilter as exc:
             problems.append(str(exc))
     if not form["since"] and not form["until"] and not problems:
@@ -405,21 +467,32 @@ def whatif(request: HttpRequest) -> HttpResponse:
         bounds["since"] = (latest or timezone.now()) - DEFAULT_WINDOW
     current = current_settings()
     candidates: list[tuple[str, SchedulerSettings]] = []
-    for text in form["candidates"]:
+    merged: list[str] = []  # identical candidates are replayed and drawn once
+    for number, text in enumerate(form["candidates"], start=1):
         if not text:
             continue
         try:
-            candidates.append((text, parse_overrides([text], current)))
+            settings = parse_overrides([text], current)
         except SettingsError as exc:
             problems.append(f"{echo(text)}: {exc.key}: {exc.reason} (got {echo(repr(exc.value))})")
+            continue
+        twin = next((label for label, other in candidates if other == settings), None)
+        if settings == current:
+            merged.append(f"candidate {number} ({text}) is the settings in effect: see the replay")
+        elif twin is not None:
+            merged.append(f"candidate {number} ({text}) is the same as {twin}: shown once")
+        else:
+            candidates.append((text, settings))
     context: dict[str, Any] = {
         "nav": "whatif",
         "form": form,
         "tz": params.get("tz", ""),
         "problems": problems,
         "current": describe_settings(current),
+        "names": assignable_names(),  # every setting of the table
         "examples": EXAMPLES,
         "default_window": not form["since"] and not form["until"],
+        "merged": merged,
     }
     if problems:
         return render(request, "dashboard/whatif.html", context, status=400)
@@ -455,6 +528,9 @@ def whatif(request: HttpRequest) -> HttpResponse:
         error_p50=format_duration(outcome.error.abs_p50),
         error_p90=format_duration(outcome.error.abs_p90),
         same_order=f"{outcome.error.same_order:.0%}",
+        verdicts=verdicts(outcome.results),
+        bands=[b.value for b in BANDS],
+        too_small=too_small(outcome.results[0]),
         interactive=Band.INTERACTIVE.value,
     )
     return render(request, "dashboard/whatif.html", context)

@@ -2,9 +2,15 @@
 
 Events come in through an inbox (a request arrived, its client went away, it finished, a
 model became ready or failed or exited, settings changed, an unload was asked for); the
-task applies each to its state, asks the pure core (:mod:`scheduler.core.queue`) which request
-goes next, and carries out the effects (grant a request, start or stop a model). Nothing
-else touches the queue or the processes, so there are no locks.
+task applies each to its state, asks the admission strategy (:mod:`scheduler.core.admission`,
+the same one the simulator replays) what may run, and carries out the effects it returns
+(grant a request, start a model evicting others, refuse). Nothing else touches the queue or
+the processes, so there are no locks.
+
+The class is split by concern: :mod:`scheduler.dispatch_state` (the state, its read-only
+views, a turn's bookkeeping), :mod:`scheduler.loads` (the process side: swaps, exits,
+resend, suspect, unload, ttl) and here the views' side, the lifecycle, the run loop,
+arrivals, bounds and the decisions.
 
 Views talk to it through :meth:`Dispatcher.submit` (returns a :class:`Ticket` to await),
 :meth:`Dispatcher.finish` and :meth:`Dispatcher.cancel`; all three only post an event.
@@ -27,409 +33,88 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import functools
-import itertools
 import logging
-import math
-import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
 
 from scheduler.config import Config, ModelConfig
+from scheduler.core.admission import (
+    Dispatch,
+    Refusal,
+    Start,
+    expire,
+    expiry_deadline,
+    refuse_arrival,
+    ttl_deadlines,
+)
 from scheduler.core.estimate import WaitEstimator
-from scheduler.core.lanes import DEFAULT_LANE, LaneQueues, fill_slots
-from scheduler.core.policy import Decision, Policy, QueuedRequest, SchedulerSettings
-from scheduler.core.priority import Band
-from scheduler.process import LogBuffer, ModelProcess, ModelProcessLike, ModelStartError, ModelState
+from scheduler.core.lanes import LaneQueues
+from scheduler.core.policy import Decision, QueuedRequest, SchedulerSettings
+from scheduler.dispatch_state import (
+    SUSPECT_WAIT,
+    Arrived,
+    Checked,
+    DispatchLane,
+    Drain,
+    Exited,
+    Expire,
+    Finished,
+    Gone,
+    ProcessFactory,
+    Reload,
+    Resend,
+    SettingsChanged,
+    StopLoop,
+    Suspect,
+    SwapDone,
+    Tick,
+    Unhealthy,
+    Unload,
+)
+from scheduler.loads import Loads
+from scheduler.process import ModelStartError
+from scheduler.rules import rules_of
+from scheduler.tickets import (
+    LaneView,
+    Observer,
+    Outcome,
+    Overloaded,
+    QueueFull,
+    Refused,
+    ReloadReport,
+    ShuttingDown,
+    Ticket,
+    TicketState,
+    WaitExpired,
+)
+
+__all__ = [
+    "SUSPECT_WAIT",
+    "Dispatcher",
+    "LaneView",
+    "Observer",
+    "Outcome",
+    "Overloaded",
+    "ProcessFactory",
+    "QueueFull",
+    "Refused",
+    "ReloadReport",
+    "ShuttingDown",
+    "Ticket",
+    "TicketState",
+    "WaitExpired",
+]
 
 log = logging.getLogger("llamaswap.dispatcher")
 
-SUSPECT_WAIT = 0.5
-"""Seconds a model that broke off an answer gets to show it died, before the next request
-is sent to it (see :meth:`Dispatcher.suspect`)."""
 
-ANNOUNCE_AFTER = 4
-"""Loop turns a dispatch's log line and observer calls wait: the grant resolves the
-ticket's future, whose callback wakes ``Ticket.wait``'s shield, which wakes the view,
-which writes the request to the model (see :meth:`Dispatcher._announce`)."""
-
-
-class Refused(Exception):
-    """A request the dispatcher will not serve. ``status`` and ``code`` say how to answer it;
-    ``retry_after`` (seconds) is the estimated time until the queue has room again."""
-
-    status = 503
-    code = "unavailable"
-
-    def __init__(self, message: str, retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class Overloaded(Refused):
-    """fifo: the ready model already serves ``concurrencyLimit`` requests (HTTP 429)."""
-
-    status = 429
-    code = "too_many_requests"
-
-
-class QueueFull(Refused):
-    """``maxQueueDepth`` requests are already waiting (HTTP 429)."""
-
-    status = 429
-    code = "queue_full"
-
-
-class WaitExpired(Refused):
-    """The request waited longer than its band's ``maxWait`` (HTTP 503)."""
-
-    status = 503
-    code = "queue_wait_exceeded"
-
-
-class ShuttingDown(Refused):
-    """The server is stopping and takes no more work (HTTP 503)."""
-
-    code = "shutting_down"
-
-
-class Outcome(enum.Enum):
-    """How a request's turn ended."""
-
-    COMPLETED = "completed"
-    """The upstream answered (any status) and the answer was relayed."""
-    FAILED = "failed"
-    """The model did not start, the upstream could not be reached, or the stream broke."""
-    CANCELLED_WAITING = "cancelled_waiting"
-    """The client left while the request waited; it was never dispatched."""
-    CANCELLED_RUNNING = "cancelled_running"
-    """The client left while its request was being served."""
-    REJECTED = "rejected"
-    """Refused without waiting (fifo concurrency limit, shutdown)."""
-    QUEUE_FULL = "queue_full"
-    """Refused on arrival: ``maxQueueDepth`` requests were already waiting."""
-    EXPIRED = "expired"
-    """Waited longer than its band's ``maxWait``; never dispatched."""
-
-
-class TicketState(enum.Enum):
-    """Where a request is in its life."""
-
-    WAITING = "waiting"
-    """In the queue."""
-    LOADING = "loading"
-    """Picked; its model is being started."""
-    RUNNING = "running"
-    """Granted; the view is talking to the upstream."""
-    DONE = "done"
-    """Finished, failed or cancelled."""
-
-
-@dataclass(eq=False)
-class Ticket:
-    """One inference request's passage through the dispatcher."""
-
-    request_id: str
-    model: ModelConfig
-    priority: int
-    path: str
-    arrival: float
-    """Monotonic seconds."""
-    arrival_wall: float
-    """Unix seconds, for records."""
-    granted: asyncio.Future[str] = field(repr=False)
-    state: TicketState = TicketState.WAITING
-    decision: Decision | None = None
-    dispatched_at: float | None = None
-    ready_at: float | None = None
-    finished_at: float | None = None
-    swapped: bool = False
-    load_seconds: float | None = None
-    outcome: Outcome | None = None
-    status: int | None = None
-    error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Facts the proxy learns while relaying (usage, timings), for records."""
-    guard: weakref.ref[Any] | None = field(default=None, repr=False)
-    """A weak reference to its owner whose callback ends the ticket should the owner be
-    collected first (see :meth:`Dispatcher.submit`); dropped (``None``) once it ends."""
-    api_key: str = ""
-    """The name of the API key it came with (never the key); empty without keys."""
-    requested_priority: int | None = None
-    """What the caller asked for, when its key's ceiling cut it to ``priority``."""
-    generation: int = 0
-    """Which start of its model it was granted to (see :meth:`Dispatcher.resend`)."""
-    resent: bool = False
-    """It was granted once more after its model turned out dead at grant."""
-    lane: str = DEFAULT_LANE
-    """The lane (GPU) its model is on."""
-
-    async def wait(self) -> str:
-        """Wait for this request's turn; returns the upstream base URL.
-
-        Raises :class:`ModelStartError` or a :class:`Refused` (:class:`Overloaded`,
-        :class:`QueueFull`, :class:`WaitExpired`, :class:`ShuttingDown`). Whoever submitted
-        the ticket must end it (:meth:`Dispatcher.finish` or :meth:`Dispatcher.cancel`) on
-        every path: ``proxy.turn.Turn`` does that for the proxy.
-        """
-        return await asyncio.shield(self.granted)
-
-
-class Observer(Protocol):
-    """Something that watches the dispatcher (metrics, records, dashboard).
-
-    Called synchronously from the dispatcher task: must be cheap and must not block
-    (no database writes; hand work to a background task instead).
-    """
-
-    def on_enqueue(self, ticket: Ticket) -> None: ...
-    def on_dispatch(self, ticket: Ticket) -> None: ...
-    def on_finish(self, ticket: Ticket) -> None: ...
-    def on_model_state(self, model: str, state: ModelState) -> None: ...
-    def on_settings(self, settings: SchedulerSettings, source: str) -> None: ...
-
-
-# -- events -----------------------------------------------------------------------------
-
-
-@dataclass
-class _Arrived:
-    ticket: Ticket
-
-
-@dataclass
-class _Gone:
-    ticket: Ticket
-
-
-@dataclass
-class _Finished:
-    ticket: Ticket
-
-
-@dataclass
-class _SwapDone:
-    model: str
-    process: ModelProcessLike | None
-    error: ModelStartError | None
-    seconds: float
-    lane: str
-
-
-@dataclass
-class _Exited:
-    process: ModelProcessLike
-
-
-@dataclass
-class _Settings:
-    settings: SchedulerSettings
-    source: str
-
-
-@dataclass
-class _Unload:
-    models: tuple[str, ...] | None
-    done: asyncio.Future[None]
-
-
-@dataclass
-class _Tick:
-    pass
-
-
-@dataclass
-class _Expire:
-    pass
-
-
-@dataclass
-class _Resend:
-    ticket: Ticket
-
-
-@dataclass
-class _Suspect:
-    model: str
-    generation: int
-    lane: str
-
-
-@dataclass
-class _Checked:
-    process: ModelProcessLike
-
-
-@dataclass
-class _Unhealthy:
-    model: str
-    generation: int
-    lane: str
-
-
-@dataclass
-class _Stop:
-    pass
-
-
-@dataclass
-class _Drain:
-    pass
-
-
-@dataclass
-class _Reload:
-    config: Config
-    source: str | None
-    done: asyncio.Future[ReloadReport]
-
-
-@dataclass(frozen=True)
-class ReloadReport:
-    """What a reload changed (model ids)."""
-
-    added: tuple[str, ...] = ()
-    removed: tuple[str, ...] = ()
-    """Served what they had waiting, then stopped."""
-    changed: tuple[str, ...] = ()
-    """Restarted with the new definition: stopped once idle, started by their next request."""
-    kept: tuple[str, ...] = ()
-    """Unchanged: a loaded one keeps running (same process)."""
-
-
-@dataclass(eq=False)
-class _Lane:
-    """One GPU's share of the dispatcher's state, owned by the run task."""
-
-    name: str
-    processes: dict[str, ModelProcessLike] = field(default_factory=dict)
-    """Started (ready) model processes on this lane, by model id."""
-    generation: dict[str, int] = field(default_factory=dict)
-    """Which start each process is (see :meth:`Dispatcher.resend`)."""
-    running: dict[str, set[Ticket]] = field(default_factory=dict)
-    """Granted or loading tickets by model id."""
-    swapping: str | None = None
-    """Model id being started by the swap task, if any (one load per lane at a time)."""
-    swap_task: asyncio.Task[None] | None = None
-    loading: ModelProcessLike | None = None
-    """The process the swap task is starting, once it exists."""
-    swap_aborted: bool = False
-    """The load in progress was given up (unloaded, or all its waiters left)."""
-    checking: ModelProcessLike | None = None
-    """A model that broke off an answer, given a moment to show it died (see
-    :meth:`Dispatcher.suspect`); nothing is dispatched on this lane meanwhile."""
-    stops: set[asyncio.Task[None]] = field(default_factory=set)
-    """This lane's processes being stopped: no process of the lane starts before these
-    are reaped, so a replaced model is gone before its successor exists (VRAM, ports)."""
-    stale: set[str] = field(default_factory=set)
-    """Loaded models whose definition changed in a reload (or that moved to another
-    lane): they take no new request and are stopped once their running ones end."""
-    estimator: WaitEstimator = field(default_factory=WaitEstimator)
-    """Measured service and load times and arrival rates, for estimated waits."""
-
-    def busy(self) -> int:
-        return sum(len(t) for t in self.running.values())
-
-    def ready(self, model: str) -> bool:
-        proc = self.processes.get(model)
-        return (
-            proc is not None
-            and proc.state is ModelState.READY
-            and self.swapping != model
-            and model not in self.stale
-        )
-
-    def resident(self) -> list[str]:
-        """Models loaded or loading on this lane."""
-        return [*self.processes, *([self.swapping] if self.swapping else [])]
-
-
-@dataclass(frozen=True)
-class LaneView:
-    """A lane as :meth:`Dispatcher.lanes` reports it."""
-
-    name: str
-    models: tuple[str, ...]
-    """Every model configured on the lane."""
-    loaded: dict[str, ModelState]
-    """Models started or starting on it."""
-    running: list[Ticket]
-    waiting: int
-
-
-ProcessFactory = Callable[..., ModelProcessLike]
-"""Builds a model process: ``ModelProcess`` in production, ``scheduler.testing``'s fake in tests."""
-
-
-class Dispatcher:
+class Dispatcher(Loads):
     """Owns the queue and the processes. Create it, ``await start()``, ``await stop()``."""
 
-    def __init__(
-        self,
-        config: Config,
-        *,
-        logs: LogBuffer | None = None,
-        process_factory: ProcessFactory = ModelProcess,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-        observers: Iterable[Observer] = (),
-    ) -> None:
-        self.config = config
-        self.logs = logs or LogBuffer()
-        self.observers: list[Observer] = list(observers)
-        self.settings_source = "config file"
-        self._process_factory = process_factory
-        self._clock = clock
-        self._wall = wall_clock
-        self._queue = LaneQueues(config.scheduler, config.lane_of, config.lanes)
-        self._lanes = {name: _Lane(name) for name in self._queue.names}
-        self._evict = config.router.evict
-        self._tickets: dict[str, Ticket] = {}
-        """Waiting tickets by request id."""
-        self._inbox: asyncio.Queue[object] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-        self._preload_task: asyncio.Task[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Task[None] | None = None
-        self._hurry = asyncio.Event()
-        self._stops: set[asyncio.Task[None]] = set()
-        """Every lane's stops and health checks, for shutdown to wait for."""
-        self._closing = False
-        self._ids = itertools.count(1)
-        self._generations = itertools.count(1)
-        """Numbers every successful start: which start a ticket was granted to."""
-        self._service_mean: float | None = None
-        """Moving average of seconds from dispatch to finish, for Retry-After estimates."""
-        self._expire_handle: asyncio.TimerHandle | None = None
-        self._expire_at: float | None = None
-        self._last_used: dict[str, float] = {}
-        self._ttl_handle: asyncio.TimerHandle | None = None
-        self._ttl_at: float | None = None
-        self._retired: dict[str, ModelConfig] = {}
-        """Models a reload removed, by id, until what they had waiting has been served."""
-        self._retiring = False
-        """A reload left removed or changed models to stop once idle (see :meth:`_retire`)."""
-        self._announcements: list[tuple[str, Ticket]] = []
-        """Dispatched tickets not yet logged or shown to the observers (:meth:`_announce`)."""
-        self._idle = asyncio.Event()
-        self._idle.set()
-
     # -- the views' side ----------------------------------------------------------------
-
-    @property
-    def settings(self) -> SchedulerSettings:
-        return self._queue.settings
-
-    @property
-    def queue(self) -> LaneQueues:
-        """Read-only use (metrics, dashboard). Only the run task changes it."""
-        return self._queue
-
-    def now(self) -> float:
-        return self._clock()
 
     def submit(
         self,
@@ -467,7 +152,7 @@ class Dispatcher:
             ticket.granted.set_exception(ShuttingDown("the server is shutting down"))
             ticket.granted.exception()  # mark retrieved
             return ticket
-        self._inbox.put_nowait(_Arrived(ticket))
+        self._inbox.put_nowait(Arrived(ticket))
         return ticket
 
     def finish(
@@ -479,7 +164,7 @@ class Dispatcher:
         ticket.guard = None
         ticket.outcome, ticket.status, ticket.error = outcome, status, error
         ticket.finished_at = self._clock()
-        self._inbox.put_nowait(_Finished(ticket))
+        self._inbox.put_nowait(Finished(ticket))
 
     def cancel(self, ticket: Ticket) -> None:
         """The client went away before its turn came (or during its model's load)."""
@@ -491,7 +176,7 @@ class Dispatcher:
         else:
             ticket.outcome = Outcome.CANCELLED_RUNNING
         ticket.finished_at = self._clock()
-        self._inbox.put_nowait(_Gone(ticket))
+        self._inbox.put_nowait(Gone(ticket))
 
     def resend(self, ticket: Ticket) -> None:
         """The granted request never reached its model (connection refused): the process
@@ -503,19 +188,19 @@ class Dispatcher:
             raise RuntimeError(f"ticket {ticket.request_id} cannot be resent")
         ticket.resent = True
         ticket.granted = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait(_Resend(ticket))
+        self._inbox.put_nowait(Resend(ticket))
 
     def suspect(self, ticket: Ticket) -> None:
         """The model this ticket was granted to broke off its answer (connection reset,
         stream cut): it may be dying. Before the next request goes to it, give its exit
         :data:`SUSPECT_WAIT` seconds to show; a request sent into a dying process's listen
         backlog is reset, and such a request may have reached it, so it is never resent."""
-        self._inbox.put_nowait(_Suspect(ticket.model.id, ticket.generation, ticket.lane))
+        self._inbox.put_nowait(Suspect(ticket.model.id, ticket.generation, ticket.lane))
 
     def unhealthy(self, ticket: Ticket) -> None:
         """The model this ticket was granted to stopped answering and failed its health
         check: stop it (the next request for it starts it afresh)."""
-        self._inbox.put_nowait(_Unhealthy(ticket.model.id, ticket.generation, ticket.lane))
+        self._inbox.put_nowait(Unhealthy(ticket.model.id, ticket.generation, ticket.lane))
 
     def _owner_gone(self, ticket: Ticket, _ref: weakref.ref[Any]) -> None:
         self._abandoned(ticket)
@@ -527,7 +212,11 @@ class Dispatcher:
             return
         log.error(
             "turn abandoned by its request; ended by the dispatcher",
-            extra={"request_id": ticket.request_id, "model": ticket.model.id, "state": ticket.state.value},
+            extra={
+                "request_id": ticket.request_id,
+                "model": ticket.model.id,
+                "state": ticket.state.value,
+            },
         )
 
         def end() -> None:
@@ -543,7 +232,7 @@ class Dispatcher:
     def set_settings(self, settings: SchedulerSettings, source: str = "admin") -> None:
         """New settings from the next pick on (admin edit). Safe to call from any thread
         (the admin's sync views run in a worker thread)."""
-        self._post_threadsafe(_Settings(settings, source))
+        self._post_threadsafe(SettingsChanged(settings, source))
 
     def _post_threadsafe(self, event: object) -> None:
         loop = self._loop
@@ -568,102 +257,14 @@ class Dispatcher:
         its scheduler settings came from (admin overrides, see the ``serve`` command).
         """
         done: asyncio.Future[ReloadReport] = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait(_Reload(config, source, done))
+        self._inbox.put_nowait(Reload(config, source, done))
         return await done
 
     async def unload(self, models: Iterable[str] | None = None) -> None:
         """Stop the given models (all when None); returns when their processes are gone."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait(_Unload(tuple(models) if models is not None else None, done))
+        self._inbox.put_nowait(Unload(tuple(models) if models is not None else None, done))
         await done
-
-    def running_models(self) -> list[dict[str, str]]:
-        """llama-swap's /running: the loaded models and their states (and lanes)."""
-        return [
-            {"model": model, "state": state.name.lower(), "lane": self._queue.lane_for(model)}
-            for model, state in self.model_states().items()
-        ]
-
-    def model_states(self) -> dict[str, ModelState]:
-        """Model id -> state for every model started or starting; absent means stopped."""
-        states: dict[str, ModelState] = {}
-        for lane in self._lanes.values():
-            for model, proc in lane.processes.items():
-                if proc.state is not ModelState.STOPPED:
-                    states[model] = proc.state
-            if lane.swapping is not None:
-                states[lane.swapping] = ModelState.STARTING
-        return states
-
-    def model_state(self) -> tuple[str | None, ModelState]:
-        """One loaded model and its state (the loading one first): the whole answer on a
-        box with one lane and one model at a time; see :meth:`model_states` otherwise."""
-        states = self.model_states()
-        for model, state in states.items():
-            if state is ModelState.STARTING:
-                return model, state
-        for model, state in states.items():
-            return model, state
-        return None, ModelState.STOPPED
-
-    def load(self, model: str) -> int:
-        """Requests of ``model`` waiting or being served."""
-        lane = self._lanes[self._queue.lane_for(model)]
-        return self._queue.waiting_for(model) + len(lane.running.get(model, ()))
-
-    def in_flight(self) -> list[Ticket]:
-        return [t for lane in self._lanes.values() for tickets in lane.running.values() for t in tickets]
-
-    def waiting(self, limit: int | None = None) -> dict[str, tuple[str, int, float]]:
-        """For the first ``limit`` waiting requests of each lane: request id -> (lane,
-        position in the lane (1 goes next), estimated seconds until it is picked).
-
-        The estimate (:class:`scheduler.core.estimate.WaitEstimator`): what is left of the
-        lane's running job, then for each request ahead its model's measured time and a
-        load where the model changes, stretched by the load of the bands above."""
-        now = self._clock()
-        out: dict[str, tuple[str, int, float]] = {}
-        for name in self._queue.names:
-            queue = self._queue.lane(name)
-            if not queue:
-                continue
-            lane = self._lanes[name]
-            ranked = queue.peek(now, limit)
-            left = 0.0
-            for ticket in (t for ts in lane.running.values() for t in ts):
-                if ticket.decision is None:
-                    continue
-                started = ticket.ready_at if ticket.ready_at is not None else ticket.dispatched_at or now
-                loading = ticket.state is TicketState.LOADING
-                left = max(left, lane.estimator.running_left(ticket.model.id, ticket.decision.band, started, now, loading))
-            estimates = lane.estimator.estimates(ranked, lane.resident(), left, now)
-            for position, (r, eta) in enumerate(zip(ranked, estimates, strict=True), start=1):
-                out[r.request.request_id] = (name, position, eta)
-        return out
-
-    def lanes(self) -> list[LaneView]:
-        """Each lane as the dashboard shows it (read-only snapshot)."""
-        views = []
-        for lane in self._lanes.values():
-            loaded: dict[str, ModelState] = {
-                m: p.state for m, p in lane.processes.items() if p.state is not ModelState.STOPPED
-            }
-            if lane.swapping is not None:
-                loaded[lane.swapping] = ModelState.STARTING
-            models = tuple(m for m in self.config.models if self._queue.lane_for(m) == lane.name)
-            waiting = len(self._queue.lane(lane.name))
-            if not (models or loaded or lane.running or waiting):
-                continue  # the default lane when every model is on a named one
-            views.append(
-                LaneView(
-                    name=lane.name,
-                    models=models,
-                    loaded=loaded,
-                    running=[t for ts in lane.running.values() for t in ts],
-                    waiting=waiting,
-                )
-            )
-        return views
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -706,7 +307,7 @@ class Dispatcher:
 
     async def _stop(self, grace: float) -> None:
         self._closing = True
-        self._inbox.put_nowait(_Drain())
+        self._inbox.put_nowait(Drain())
         if self._preload_task is not None:
             self._preload_task.cancel()
         idle = asyncio.ensure_future(self._idle.wait())
@@ -715,7 +316,7 @@ class Dispatcher:
         idle.cancel()
         hurry.cancel()
         if self._task is not None:
-            self._inbox.put_nowait(_Stop())
+            self._inbox.put_nowait(StopLoop())
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
@@ -750,19 +351,19 @@ class Dispatcher:
         inbox = self._inbox
         while True:
             event = await inbox.get()
-            if isinstance(event, _Stop):
+            if isinstance(event, StopLoop):
                 return
             self._handle(event)
             # Apply everything that arrived meanwhile before deciding, so a burst is
             # ordered by the policy rather than by who got into the inbox first.
             while not inbox.empty():
                 event = inbox.get_nowait()
-                if isinstance(event, _Stop):
+                if isinstance(event, StopLoop):
                     return
                 self._handle(event)
             try:
                 self._dispatch()
-                if self._max_wait:
+                if self._rules.max_wait:
                     self._arm_expiry()
                 if self._retiring:
                     self._retire()
@@ -770,101 +371,75 @@ class Dispatcher:
                 log.exception("dispatch failed")
 
     def _handle(self, event: object) -> None:
-        if self._announcements and not isinstance(event, _Arrived):
+        if self._announcements and not isinstance(event, Arrived):
             # An arrival is about another ticket: it may go first (arrivals stream in
             # during a job change under load).
             self._flush_announcements()
         try:
-            if isinstance(event, _Arrived):
+            if isinstance(event, Arrived):
                 self._on_arrived(event.ticket)
-            elif isinstance(event, _Finished):
+            elif isinstance(event, Finished):
                 self._on_finished(event.ticket)
-            elif isinstance(event, _Gone):
+            elif isinstance(event, Gone):
                 self._on_gone(event.ticket)
-            elif isinstance(event, _SwapDone):
+            elif isinstance(event, SwapDone):
                 self._on_swap_done(event)
-            elif isinstance(event, _Exited):
+            elif isinstance(event, Exited):
                 self._on_exited(event.process)
-            elif isinstance(event, _Settings):
+            elif isinstance(event, SettingsChanged):
                 self._queue.set_settings(event.settings)
                 self.settings_source = event.source
-                log.info("settings changed", extra={"source": event.source, **event.settings.as_dict()})
+                log.info(
+                    "settings changed", extra={"source": event.source, **event.settings.as_dict()}
+                )
                 self._notify("on_settings", event.settings, event.source)
-            elif isinstance(event, _Unload):
+            elif isinstance(event, Unload):
                 self._on_unload(event)
-            elif isinstance(event, _Tick):
+            elif isinstance(event, Tick):
                 self._on_tick()
-            elif isinstance(event, _Resend):
+            elif isinstance(event, Resend):
                 self._on_resend(event.ticket)
-            elif isinstance(event, _Expire):
+            elif isinstance(event, Expire):
                 self._on_expire()
-            elif isinstance(event, _Suspect):
+            elif isinstance(event, Suspect):
                 self._on_suspect(event)
-            elif isinstance(event, _Checked):
+            elif isinstance(event, Checked):
                 self._on_checked(event)
-            elif isinstance(event, _Unhealthy):
+            elif isinstance(event, Unhealthy):
                 self._on_unhealthy(event)
-            elif isinstance(event, _Drain):
+            elif isinstance(event, Drain):
                 self._on_drain()
-            elif isinstance(event, _Reload):
+            elif isinstance(event, Reload):
                 self._on_reload(event)
         except Exception:
             log.exception("dispatcher event failed", extra={"event": type(event).__name__})
-
-    def _notify(self, method: str, *args: object) -> None:
-        for observer in self.observers:
-            try:
-                getattr(observer, method)(*args)
-            except Exception:
-                log.exception("observer failed", extra={"observer": type(observer).__name__})
-
-    @property
-    def _fifo(self) -> bool:
-        return self._queue.settings.use is Policy.FIFO
-
-    def _lane(self, model: str) -> _Lane:
-        return self._lanes[self._queue.lane_for(model)]
-
-    def _model(self, model: str) -> ModelConfig:
-        """A model's definition: the config's, or a removed one's still being drained."""
-        found = self.config.models.get(model) or self._retired.get(model)
-        if found is None:
-            raise KeyError(model)
-        return found
 
     def _on_arrived(self, ticket: Ticket) -> None:
         model = ticket.model.id
         lane = self._lane(model)
         ticket.lane = lane.name
-        if self._fifo and lane.ready(model) and not self._queue.waiting_for(model):
-            limit = ticket.model.concurrency_limit
-            if len(lane.running.get(model, ())) >= limit:
-                self._notify("on_enqueue", ticket)
-                self._refuse(
-                    ticket,
-                    Outcome.REJECTED,
-                    Overloaded(f"model {model!r} is serving its concurrencyLimit ({limit}) requests", 1),
-                )
-                return
-        depth = self._max_depth
-        if depth is not None and len(self._queue) >= depth and not ticket.extra.get("preload"):
+        queued = QueuedRequest(ticket.request_id, model, ticket.priority, ticket.arrival)
+        preload = bool(ticket.extra.get("preload"))
+        now = self._clock()
+        cause = None if preload else self._cooldowns.cause(model, now)
+        if cause is not None:  # startFailureCooldown: no new start per request
             self._notify("on_enqueue", ticket)
-            self._refuse(
-                ticket,
-                Outcome.QUEUE_FULL,
-                QueueFull(
-                    f"the queue is full: {len(self._queue)} requests are waiting (maxQueueDepth {depth})",
-                    self.retry_after(1),
-                ),
-            )
-            log.warning("queue full", extra=self._fields(ticket))
+            self._fail_start(ticket, ModelStartError(model, cause))
+            return
+        refusal = refuse_arrival(
+            self._strategy, lane, self._queue, self._rules, queued, self._service_mean, preload
+        )
+        if refusal is not None:
+            self._notify("on_enqueue", ticket)
+            self._refuse_with(ticket, refusal)
+            if refusal.kind is Refusal.QUEUE_FULL:
+                log.warning("queue full", extra=self._fields(ticket))
             return
         self._tickets[ticket.request_id] = ticket
-        queued = QueuedRequest(ticket.request_id, model, ticket.priority, ticket.arrival)
         self._queue.add(queued)
         lane.estimator.arrived(queued)
         self._idle.clear()
-        if not ticket.extra.get("preload"):
+        if not preload:
             self._notify("on_enqueue", ticket)
 
     def _on_gone(self, ticket: Ticket) -> None:
@@ -883,61 +458,11 @@ class Dispatcher:
                 self._maybe_abandon_load(self._lanes[ticket.lane], ticket.model.id)
         self._update_idle()
 
-    def _maybe_abandon_load(self, lane: _Lane, model: str) -> None:
-        """A load whose waiters all left is given up when other work waits on its lane;
-        otherwise it completes and leaves the model loaded for whoever is next."""
-        if lane.swapping != model or lane.swap_aborted:
-            return
-        if any(t.state is TicketState.LOADING for t in lane.running.get(model, ())):
-            return
-        queue = self._queue.lane(lane.name)
-        if not queue or queue.waiting_for(model):
-            return
-        log.info("load abandoned: its requests left and other work waits", extra={"model": model})
-        self._abort_load(lane)
-
-    def _abort_load(self, lane: _Lane) -> None:
-        lane.swap_aborted = True
-        if lane.loading is not None:
-            self._stop_process(lane, lane.loading)
-
-    def _refuse(self, ticket: Ticket, outcome: Outcome, error: Refused) -> None:
-        """End a ticket that will never be dispatched, with the error its view answers."""
-        ticket.state = TicketState.DONE
-        ticket.outcome = outcome
-        ticket.status = error.status
-        ticket.error = str(error)
-        ticket.finished_at = self._clock()
-        ticket.guard = None
-        if not ticket.granted.done():
-            ticket.granted.set_exception(error)
-            ticket.granted.exception()  # retrieved: its view may be gone already
-        self._notify("on_finish", ticket)
-
-    def retry_after(self, ahead: int) -> int:
-        """Whole seconds until about ``ahead`` requests have been served, from the measured
-        mean time per request (1 s before anything has been measured); at least 1."""
-        mean = self._service_mean if self._service_mean is not None else 1.0
-        return max(1, min(3600, math.ceil(ahead * mean)))
-
     # -- bounds -------------------------------------------------------------------------
-
-    @property
-    def _max_depth(self) -> int | None:
-        return self.config.bounds.max_queue_depth
-
-    @property
-    def _max_wait(self) -> Mapping[str, float]:
-        return self.config.bounds.max_wait
 
     def _arm_expiry(self) -> None:
         """Keep one timer at the earliest maxWait deadline: the oldest of each band."""
-        deadline = None
-        for band, limit in self._max_wait.items():
-            oldest = self._queue.oldest(Band(band))
-            if oldest is not None:
-                at = oldest.arrival + limit
-                deadline = at if deadline is None else min(deadline, at)
+        deadline = expiry_deadline(self._queue, self._rules)
         if deadline == self._expire_at:
             return
         if self._expire_handle is not None:
@@ -946,30 +471,18 @@ class Dispatcher:
         self._expire_at = deadline
         if deadline is not None:
             self._expire_handle = asyncio.get_running_loop().call_later(
-                max(0.0, deadline - self._clock()), self._inbox.put_nowait, _Expire()
+                max(0.0, deadline - self._clock()), self._inbox.put_nowait, Expire()
             )
 
     def _on_expire(self) -> None:
         self._expire_handle = None
         self._expire_at = None
         now = self._clock()
-        for band, limit in self._max_wait.items():
-            while True:
-                oldest = self._queue.oldest(Band(band))
-                if oldest is None or now - oldest.arrival < limit - 1e-6:
-                    break
-                self._queue.cancel(oldest.request_id)
-                ticket = self._tickets.pop(oldest.request_id)
-                waited = now - ticket.arrival
-                self._refuse(
-                    ticket,
-                    Outcome.EXPIRED,
-                    WaitExpired(
-                        f"waited {waited:.0f}s without being served (maxWait for {band}: {limit:g}s)",
-                        self.retry_after(len(self._queue) + 1),
-                    ),
-                )
-                log.warning("wait expired", extra={**self._fields(ticket), "waited_s": round(waited, 1)})
+        for refusal in expire(self._queue, self._rules, now, self._service_mean):
+            ticket = self._tickets.pop(refusal.request_id)
+            self._refuse_with(ticket, refusal)
+            waited = round(now - ticket.arrival, 1)
+            log.warning("wait expired", extra={**self._fields(ticket), "waited_s": waited})
         self._update_idle()
 
     def _on_finished(self, ticket: Ticket) -> None:
@@ -982,35 +495,7 @@ class Dispatcher:
         self._end_turn(ticket)
         self._update_idle()
 
-    def _end_turn(self, ticket: Ticket) -> None:
-        was = ticket.state
-        ticket.state = TicketState.DONE
-        lane = self._lanes[ticket.lane]
-        running = lane.running.get(ticket.model.id)
-        if running is not None:
-            running.discard(ticket)
-            if not running:
-                del lane.running[ticket.model.id]
-        now = self._clock()
-        self._last_used[ticket.model.id] = now
-        if ticket.outcome is Outcome.COMPLETED and ticket.dispatched_at is not None:
-            took = now - ticket.dispatched_at
-            mean = self._service_mean
-            self._service_mean = took if mean is None else mean + 0.1 * (took - mean)
-            if ticket.ready_at is not None and ticket.decision is not None:
-                lane.estimator.finished(
-                    ticket.model.id, ticket.decision.band, now - ticket.ready_at, ticket.load_seconds
-                )
-        if was is TicketState.LOADING and not ticket.granted.done():
-            ticket.granted.cancel()
-        if not ticket.extra.get("preload"):
-            if log.isEnabledFor(logging.DEBUG):
-                outcome = ticket.outcome.value if ticket.outcome else None
-                log.debug("finished", extra={**self._fields(ticket), "outcome": outcome})
-            self._announce("on_finish", ticket)
-        self._schedule_ttl()
-
-    def _on_reload(self, event: _Reload) -> None:
+    def _on_reload(self, event: Reload) -> None:
         old, new = self.config, event.config
         added = tuple(m for m in new.models if m not in old.models)
         removed = tuple(m for m in old.models if m not in new.models)
@@ -1029,7 +514,7 @@ class Dispatcher:
         lane_of = {m: self._queue.lane_for(m) for m in self._retired} | dict(new.lane_of)
         queue = LaneQueues(new.scheduler, lane_of, new.lanes)
         for name in queue.names:
-            self._lanes.setdefault(name, _Lane(name))
+            self._lanes.setdefault(name, DispatchLane(name))
         for ticket in self._tickets.values():  # arrival order: dicts keep insertion order
             if ticket.model.id in new.models:
                 ticket.model = new.models[ticket.model.id]
@@ -1037,7 +522,7 @@ class Dispatcher:
                 QueuedRequest(ticket.request_id, ticket.model.id, ticket.priority, ticket.arrival)
             )
         self.config = new
-        self._evict = new.router.evict
+        self._rules = rules_of(new, self._retired)
         self._queue = queue
         for lane in self._lanes.values():
             for model in [*lane.processes, *([lane.swapping] if lane.swapping else [])]:
@@ -1051,7 +536,12 @@ class Dispatcher:
         report = ReloadReport(added, removed, changed, kept)
         log.info(
             "config reloaded",
-            extra={"added": list(added), "removed": list(removed), "changed": list(changed), "kept": len(kept)},
+            extra={
+                "added": list(added),
+                "removed": list(removed),
+                "changed": list(changed),
+                "kept": len(kept),
+            },
         )
         if not event.done.done():
             event.done.set_result(report)
@@ -1084,73 +574,26 @@ class Dispatcher:
                 self._loaded_changed(lane)
         self._retiring = pending
 
-    def _update_idle(self) -> None:
-        if not self._tickets and not any(lane.running for lane in self._lanes.values()):
-            self._idle.set()
-
     # -- deciding -----------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Grant whatever may run now, lane by lane. Called after every batch of events."""
+        """Grant whatever may run now, lane by lane, as the strategy says (serial or
+        fifo, :mod:`scheduler.core.admission`). Called after every batch of events."""
         if not self._queue:
             return
-        fifo = self._fifo
+        strategy = self._strategy
         for lane in self._lanes.values():
             if lane.checking is not None or not self._queue.lane(lane.name):
                 continue
-            if fifo:
-                self._dispatch_fifo(lane)
-            else:
-                self._dispatch_serial(lane)
+            for effect in strategy.dispatch(lane, self._queue, self._rules, self._clock()):
+                if isinstance(effect, Dispatch):
+                    self._start_turn(lane, effect.decision)
+                elif isinstance(effect, Start):
+                    self._begin_swap(lane, self._model(effect.model), effect.evict)
 
-    def _dispatch_serial(self, lane: _Lane) -> None:
-        """The spec's rule, per lane: one request at a time, picked by score; with
-        ``slots: N`` up to N of the running model's while the lane's best waiting request
-        is for it (:func:`fill_slots`); otherwise the lane drains before it swaps."""
-        now = self._clock()
-        busy = lane.busy()
-        if busy == 0:
-            if lane.swapping is not None:
-                return  # a load nobody waits for any more settles first
-            decision = self._queue.pick(now, lane.name)
-            if decision is None:
-                return
-            self._start_turn(lane, decision)
-            model, busy = decision.model, 1
-        else:
-            model = next(iter(lane.running))
-        slots = self._model(model).slots
-        if slots > 1 and busy < slots and model not in lane.stale:
-            for decision in fill_slots(self._queue, lane.name, now, model, busy, slots):
-                self._start_turn(lane, decision)
-
-    def _dispatch_fifo(self, lane: _Lane) -> None:
-        """llama-swap's rule: requests for a ready model go at once, up to its
-        ``concurrencyLimit``; the first request for any other model starts a swap once
-        every model that swap would stop is idle (a busy model is never stopped)."""
-        now = self._clock()
-        for model in list(lane.processes):
-            if not lane.ready(model):
-                continue
-            limit = self._model(model).concurrency_limit
-            while len(lane.running.get(model, ())) < limit:
-                decision = self._queue.pick(now, lane.name, model=model)
-                if decision is None:
-                    break
-                self._start_turn(lane, decision)
-        if lane.swapping is not None:
-            return
-        queue = self._queue.lane(lane.name)
-        nxt = queue.next_model()
-        if nxt is None or lane.ready(nxt) or lane.running.get(nxt):
-            return  # (a model with running requests but not ready: changed, draining)
-        if any(lane.running.get(m) for m in self._evict(nxt, lane.resident())):
-            return
-        self._start_turn(lane, self._queue.pick(now, lane.name))
-
-    def _start_turn(self, lane: _Lane, decision: Decision | None) -> None:
-        if decision is None:
-            return
+    def _start_turn(self, lane: DispatchLane, decision: Decision) -> None:
+        """A turn begins: granted now if its model is ready, else when its load ends
+        (the strategy's :class:`Start` follows when nothing is loading it yet)."""
         ticket = self._tickets.pop(decision.request_id)
         ticket.decision = decision
         ticket.dispatched_at = self._clock()
@@ -1161,370 +604,37 @@ class Dispatcher:
         else:
             ticket.state = TicketState.LOADING
             ticket.swapped = True
-            if lane.swapping != model:
-                self._begin_swap(lane, ticket.model)
         if not ticket.extra.get("preload"):
             self._announce("on_dispatch", ticket)
 
-    def _announce(self, method: str, ticket: Ticket) -> None:
-        """Tell the observers (and log a dispatch) once the next granted view has had its
-        turn: together ~0.15 ms that would otherwise sit between one job's end and the
-        next one's first byte to the model (BENCHMARKS.md, "Dispatch gap"). Nothing is
-        reordered: pending announcements go out, in order, before the next event is
-        handled."""
-        self._announcements.append((method, ticket))
-        if len(self._announcements) == 1:
-            asyncio.get_running_loop().call_soon(self._announce_later, ANNOUNCE_AFTER)
-
-    def _announce_later(self, turns: int) -> None:
-        if turns > 1 and self._announcements:
-            asyncio.get_running_loop().call_soon(self._announce_later, turns - 1)
-        else:
-            self._flush_announcements()
-
-    def _flush_announcements(self) -> None:
-        pending, self._announcements = self._announcements, []
-        for method, ticket in pending:
-            if method == "on_dispatch":
-                log.info("dispatch", extra=self._fields(ticket))
-            self._notify(method, ticket)
-
-    def _grant(self, ticket: Ticket) -> None:
-        lane = self._lanes[ticket.lane]
-        ticket.state = TicketState.RUNNING
-        ticket.generation = lane.generation.get(ticket.model.id, 0)
-        ticket.ready_at = self._clock()
-        if not ticket.granted.done():
-            ticket.granted.set_result(ticket.model.proxy)
-
-    # -- swapping -----------------------------------------------------------------------
-
-    def _begin_swap(self, lane: _Lane, model: ModelConfig) -> None:
-        """Start ``model`` on its lane, first stopping what the router says cannot stay
-        loaded beside it (llama-swap's groups or matrix; by default everything else)."""
-        for other in self._evict(model.id, list(lane.processes)):
-            proc = lane.processes.pop(other, None)
-            if proc is not None:
-                self._stop_process(lane, proc)
-        stale = lane.processes.pop(model.id, None)
-        if stale is not None:  # dead at grant (see resend), or its definition changed
-            self._stop_process(lane, stale)
-        lane.stale.discard(model.id)
-        lane.swapping = model.id
-        lane.swap_aborted = False
-        self._queue.lane(lane.name).set_loaded_models(lane.resident())
-        lane.swap_task = asyncio.get_running_loop().create_task(
-            self._swap(lane, model), name=f"swap-{model.id}"
-        )
-
-    def _loaded_changed(self, lane: _Lane) -> None:
-        self._queue.lane(lane.name).set_loaded_models(lane.resident())
-
-    def _stop_process(self, lane: _Lane, process: ModelProcessLike) -> asyncio.Task[None]:
-        """Stop a process in a task of its own, tracked until it is reaped: every start
-        on its lane waits for all of these first (see :meth:`_swap`). ``stop()`` is
-        idempotent, so stopping a process twice costs nothing."""
-
-        async def stop() -> None:
-            self._notify("on_model_state", process.config.id, ModelState.STOPPING)
-            try:
-                await process.stop()
-            except Exception:
-                log.exception("model stop failed", extra={"model": process.config.id})
-            finally:
-                self._notify("on_model_state", process.config.id, ModelState.STOPPED)
-
-        task = asyncio.get_running_loop().create_task(stop(), name=f"stop-{process.config.id}")
-        self._track(lane, task)
-        return task
-
-    def _track(self, lane: _Lane, task: asyncio.Task[None]) -> None:
-        lane.stops.add(task)
-        self._stops.add(task)
-        task.add_done_callback(lane.stops.discard)
-        task.add_done_callback(self._stops.discard)
-
-    async def _swap(self, lane: _Lane, model: ModelConfig) -> None:
-        """Start ``model`` once every process of its lane being stopped has been reaped.
-        Always ends with a ``_SwapDone`` event (unless cancelled at shutdown)."""
-        started = self._clock()
-        process: ModelProcessLike | None = None
-        error: ModelStartError | None = None
-        try:
-            # This lane's stops, and the model's own anywhere (a reload can move a model
-            # to another lane: its old process must be gone before the new one starts).
-            name = f"stop-{model.id}"
-            while pending := lane.stops | {t for t in self._stops if t.get_name() == name}:
-                await asyncio.wait(pending)
-            if lane.swap_aborted:
-                raise ModelStartError(model.id, "unloaded while loading")
-            process = self._process_factory(model, self.logs, on_exit=self._process_exited)
-            lane.loading = process
-            self._notify("on_model_state", model.id, ModelState.STARTING)
-            if lane.swap_aborted:
-                raise ModelStartError(model.id, "unloaded while loading")
-            await process.start()
-        except ModelStartError as exc:
-            error = exc
-        except asyncio.CancelledError:
-            lane.loading = None
-            if process is not None:
-                await asyncio.shield(self._stop_process(lane, process))
-            raise
-        except Exception as exc:  # a spawn failure (bad cmd) is a start failure too
-            error = ModelStartError(model.id, str(exc))
-        lane.loading = None
-        if error is not None and process is not None:
-            self._stop_process(lane, process)
-        self._inbox.put_nowait(
-            _SwapDone(model.id, None if error else process, error, self._clock() - started, lane.name)
-        )
-
-    def _process_exited(self, process: ModelProcessLike) -> None:
-        with contextlib.suppress(RuntimeError):  # loop closed at shutdown
-            self._inbox.put_nowait(_Exited(process))
-
-    def _on_swap_done(self, event: _SwapDone) -> None:
-        lane = self._lanes[event.lane]
-        aborted = lane.swap_aborted
-        lane.swapping = None
-        lane.swap_task = None
-        lane.swap_aborted = False
-        loading = [t for t in lane.running.get(event.model, ()) if t.state is TicketState.LOADING]
-        if event.error is None and aborted and event.process is not None:
-            # Given up just as the start succeeded: it goes, like any unloaded process.
-            self._stop_process(lane, event.process)
-            event = _SwapDone(
-                event.model, None, ModelStartError(event.model, "unloaded while loading"), event.seconds, lane.name
-            )
-        if event.error is not None and aborted:
-            # Stopped by an unload (or given up by its waiters): the GPU is freed as asked.
-            # Whoever still waits for the model keeps its turn (and its place): the model
-            # starts again at once, once the stopped process is reaped, as llama-swap starts
-            # a model for a request that comes after an unload. The queue is untouched.
-            self._loaded_changed(lane)
-            self._notify("on_model_state", event.model, ModelState.STOPPED)
-            waiters = [t for t in loading if t.outcome is None]  # the others' end is posted
-            log.info("load stopped", extra={"model": event.model, "waiting": len(waiters)})
-            if waiters and self._closing:
-                for ticket in waiters:
-                    self._shut_out(ticket)
-            elif waiters:
-                self._begin_swap(lane, waiters[0].model)
-            self._update_idle()
-            return
-        if event.error is not None:
-            self._loaded_changed(lane)
-            log.warning(
-                "model failed to start", extra={"model": event.model, "cause": event.error.cause}
-            )
-            self._notify("on_model_state", event.model, ModelState.STOPPED)
-            for ticket in loading:
-                ticket.load_seconds = event.seconds
-                self._fail_start(ticket, event.error)
-            # Its waiters fail together now, rather than each retrying the start in turn
-            # while every other model's requests wait behind them.
-            for ticket in [t for t in self._tickets.values() if t.model.id == event.model]:
-                self._queue.cancel(ticket.request_id)
-                del self._tickets[ticket.request_id]
-                self._fail_start(ticket, event.error)
-            self._update_idle()
-            return
-        assert event.process is not None
-        lane.processes[event.model] = event.process
-        lane.generation[event.model] = next(self._generations)
-        self._loaded_changed(lane)
-        self._notify("on_model_state", event.model, ModelState.READY)
-        log.info("model ready", extra={"model": event.model, "lane": lane.name, "load_seconds": round(event.seconds, 3)})
-        for ticket in loading:
-            ticket.load_seconds = event.seconds
-            self._grant(ticket)
-        # Tickets whose clients left during the load are already DONE; nothing to grant.
-        self._schedule_ttl()
-
-    def _shut_out(self, ticket: Ticket) -> None:
-        """A loading ticket at shutdown whose load was stopped: 503, its turn over."""
-        error = ShuttingDown("the server is shutting down")
-        ticket.outcome, ticket.status, ticket.error = Outcome.REJECTED, error.status, str(error)
-        ticket.finished_at = self._clock()
-        ticket.guard = None
-        if not ticket.granted.done():
-            ticket.granted.set_exception(error)
-            ticket.granted.exception()
-        self._end_turn(ticket)
-
-    def _fail_start(self, ticket: Ticket, error: ModelStartError) -> None:
-        """A waiting or loading ticket whose model did not start: 503, its turn over."""
-        was = ticket.state
-        ticket.outcome, ticket.status, ticket.error = Outcome.FAILED, 503, error.cause
-        ticket.finished_at = self._clock()
-        ticket.guard = None
-        if not ticket.granted.done():
-            ticket.granted.set_exception(error)
-            ticket.granted.exception()
-        if was is TicketState.WAITING:
-            ticket.state = TicketState.DONE
-            self._notify("on_finish", ticket)
-        else:
-            self._end_turn(ticket)
-
-    def _holder(self, process: ModelProcessLike) -> _Lane | None:
-        """The lane whose loaded processes include ``process`` (None: no longer loaded)."""
-        for lane in self._lanes.values():
-            if lane.processes.get(process.config.id) is process:
-                return lane
-        return None
-
-    def _on_exited(self, process: ModelProcessLike) -> None:
-        lane = self._holder(process)
-        if lane is not None:
-            log.warning(
-                "model process exited",
-                extra={"model": process.config.id, "returncode": process.returncode},
-            )
-            del lane.processes[process.config.id]
-            self._loaded_changed(lane)
-            self._notify("on_model_state", process.config.id, ModelState.STOPPED)
-            # Stop it anyway: stop() of an exited process returns once it is reaped, and
-            # the tracked stop keeps any successor from starting before then.
-            self._stop_process(lane, process)
-
-    def _on_resend(self, ticket: Ticket) -> None:
-        """See :meth:`resend`: the process this ticket was granted to is dead."""
-        if ticket.state is not TicketState.RUNNING or ticket.outcome is not None:
-            return
-        model = ticket.model.id
-        lane = self._lanes[ticket.lane]
-        ticket.state = TicketState.LOADING
-        log.warning("model unreachable at grant; restarting it", extra=self._fields(ticket))
-        if lane.swapping == model:
-            return  # granted when the load in progress completes
-        if lane.ready(model) and lane.generation.get(model) != ticket.generation:
-            self._grant(ticket)  # started afresh since this ticket's grant
-            return
-        ticket.swapped = True
-        self._begin_swap(lane, ticket.model)
-
-    def _on_suspect(self, event: _Suspect) -> None:
-        lane = self._lanes[event.lane]
-        proc = lane.processes.get(event.model)
-        if proc is None or lane.generation.get(event.model) != event.generation:
-            return  # already gone or replaced
-        if lane.checking is not None:
-            return
-        lane.checking = proc
-
-        async def check() -> None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.exited.wait(), SUSPECT_WAIT)
-            self._inbox.put_nowait(_Checked(proc))
-
-        task = asyncio.get_running_loop().create_task(check(), name=f"check-{event.model}")
-        self._track(lane, task)  # tracked like a stop: shutdown waits for it
-
-    def _on_checked(self, event: _Checked) -> None:
-        for lane in self._lanes.values():
-            if lane.checking is event.process:
-                lane.checking = None
-        if not event.process.alive and self._holder(event.process) is not None:
-            # Dead, its exit report not in yet: treat it as exited now.
-            self._on_exited(event.process)
-
-    def _on_unhealthy(self, event: _Unhealthy) -> None:
-        lane = self._lanes[event.lane]
-        proc = lane.processes.get(event.model)
-        if proc is None or lane.generation.get(event.model) != event.generation:
-            return
-        if lane.running.get(event.model):
-            return  # others are still being served by it
-        log.warning("model stopped answering and failed its health check; stopping it", extra={"model": event.model})
-        del lane.processes[event.model]
-        self._loaded_changed(lane)
-        self._stop_process(lane, proc)
-
-    def _on_unload(self, event: _Unload) -> None:
-        """Stop the targeted models, loads in progress included; ``done`` resolves once
-        their processes are reaped. A stopped load's requests keep their turn: the model
-        starts again for them (:meth:`_on_swap_done`)."""
-        targets = event.models
-        stops: list[asyncio.Task[None]] = []
-        for lane in self._lanes.values():
-            for model, proc in list(lane.processes.items()):
-                if targets is None or model in targets:
-                    del lane.processes[model]
-                    stops.append(self._stop_process(lane, proc))
-            if lane.swapping is not None and (targets is None or lane.swapping in targets):
-                lane.swap_aborted = True
-                if lane.loading is not None:
-                    stops.append(self._stop_process(lane, lane.loading))
-                elif lane.swap_task is not None:
-                    stops.append(lane.swap_task)  # it gives up before starting anything
-            self._loaded_changed(lane)
-        if not stops:
-            if not event.done.done():
-                event.done.set_result(None)
-            return
-
-        def resolve(_: object) -> None:
-            if not event.done.done() and all(t.done() for t in stops):
-                event.done.set_result(None)
-
-        for task in stops:
-            task.add_done_callback(resolve)
-
-    # -- ttl ----------------------------------------------------------------------------
-
-    def _ttl_deadlines(self) -> Iterable[tuple[float, str]]:
-        """(unload time, model) of every idle loaded model with a ttl."""
-        for lane in self._lanes.values():
-            for model, proc in lane.processes.items():
-                if proc.config.ttl > 0 and not lane.running.get(model) and lane.swapping is None:
-                    yield self._last_used.get(model, 0.0) + proc.config.ttl, model
-
-    def _schedule_ttl(self) -> None:
-        """Keep one timer at the earliest idle-unload time."""
-        deadline = min((at for at, _ in self._ttl_deadlines()), default=None)
-        if deadline == self._ttl_at:
-            return
-        if self._ttl_handle is not None:
-            self._ttl_handle.cancel()
-            self._ttl_handle = None
-        self._ttl_at = deadline
-        if deadline is not None:
-            self._ttl_handle = asyncio.get_running_loop().call_later(
-                max(0.0, deadline - self._clock()), self._inbox.put_nowait, _Tick()
-            )
-
-    def _on_tick(self) -> None:
-        self._ttl_handle = None
-        self._ttl_at = None
+    def model_timers(self) -> dict[str, tuple[float | None, float | None, str | None]]:
+        """For the models page (read-only): model id -> (seconds idle since its last request
+        ended, while loaded and idle; seconds until its ttl unloads it; the start failure
+        it cools down from, ``startFailureCooldown``). Models with none of these are absent."""
         now = self._clock()
-        expired = [model for at, model in self._ttl_deadlines() if at <= now + 1e-3]
-        for model in expired:
-            idle = now - self._last_used.get(model, 0.0)
-            log.info("ttl unload", extra={"model": model, "idle_seconds": round(idle, 1)})
-        if expired:
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._on_unload(_Unload(tuple(expired), done))
-        self._schedule_ttl()
-
-    # -- logging ------------------------------------------------------------------------
-
-    @staticmethod
-    def _fields(ticket: Ticket) -> dict[str, object]:
-        d = ticket.decision
-        fields: dict[str, object] = {
-            "request_id": ticket.request_id,
-            "model": ticket.model.id,
-            "priority": ticket.priority,
-            "lane": ticket.lane,
+        out: dict[str, tuple[float | None, float | None, str | None]] = {}
+        ttl_at = {
+            model: at
+            for at, _, model in ttl_deadlines(self._lanes.values(), self._rules, self._last_used)
         }
-        if d is not None:
-            fields.update(
-                band=d.band.value,
-                score=round(d.score, 3),
-                wait_ms=round(d.queue_wait * 1000, 1),
-                swap=d.needs_swap,
-                reordered_by=sorted(t.value for t in d.reordered_by),
-            )
-        return fields
+        for lane in self._lanes.values():
+            for model in lane.loaded():
+                if not lane.running.get(model) and model in self._last_used:
+                    left = ttl_at.get(model)
+                    out[model] = (
+                        now - self._last_used[model],
+                        None if left is None else max(0.0, left - now),
+                        None,
+                    )
+        for model in self.config.models:
+            cause = self._cooldowns.cause(model, now)
+            if cause is not None:
+                idle, left, _ = out.get(model, (None, None, None))
+                out[model] = (idle, left, cause)
+        return out
+
+    def queue_views(self) -> tuple[Mapping[str, Ticket], Mapping[str, WaitEstimator]]:
+        """Read-only, for the queue page (dashboard/queue.py): the waiting tickets by
+        request id, and each lane's wait estimator. O(1); views, never copies."""
+        estimators = {name: lane.estimator for name, lane in self._lanes.items()}
+        return MappingProxyType(self._tickets), MappingProxyType(estimators)

@@ -84,10 +84,13 @@ async def test_a_swap_stops_the_loaded_model_before_starting_the_next(world):
     assert d.running_models() == [{"model": "b", "state": "ready", "lane": "default"}]
 
 
-async def test_a_model_that_fails_to_start_fails_its_request_and_the_next_one_tries_again(world):
+async def test_a_model_that_fails_to_start_fails_its_request_and_cools_down(dispatchers):
+    # Before startFailureCooldown every request tried the start again; now, for the
+    # cool-down (5 s by default), the next ones fail at once with the same cause.
     factory = FakeProcessFactory()
     factory.configure("bad", start_error="process exited with code 1 before becoming healthy")
-    d, _, rec = await world("bad", "ok", factory=factory)
+    now = [1000.0]
+    d = await dispatchers(make_config("bad", "ok"), process_factory=factory, clock=lambda: now[0])
     t1 = submit(d, "bad", 0, "1")
     behind = submit(d, "ok", 0, "2")
     with pytest.raises(ModelStartError) as error:
@@ -96,9 +99,29 @@ async def test_a_model_that_fails_to_start_fails_its_request_and_the_next_one_tr
     d.finish(t1, Outcome.FAILED, 503)
     await granted(behind)  # everyone else is still served
     d.finish(behind, Outcome.COMPLETED, 200)
-    again = submit(d, "bad", 0, "3")
+    now[0] += 4.9
+    cooling = submit(d, "bad", 0, "3")
+    with pytest.raises(ModelStartError) as again:
+        await granted(cooling)
+    assert "code 1" in again.value.cause and cooling.status == 503
+    assert factory.journal.count(("start", "bad")) == 1  # no start was tried for it
+    now[0] += 0.2  # the cool-down is over: the next request tries the start again
+    later = submit(d, "bad", 0, "4")
     with pytest.raises(ModelStartError):
-        await granted(again)
+        await granted(later)
+    assert factory.journal.count(("start", "bad")) == 2
+
+
+async def test_no_cool_down_when_it_is_off(dispatchers):
+    factory = FakeProcessFactory()
+    factory.configure("bad", start_error="exited with code 1")
+    d = await dispatchers(make_config("bad"), process_factory=factory)
+    d.set_settings(d.settings.with_changes(start_failure_cooldown=0.0))
+    for rid in ("1", "2"):
+        ticket = submit(d, "bad", 0, rid)
+        with pytest.raises(ModelStartError):
+            await granted(ticket)
+        d.finish(ticket, Outcome.FAILED, 503)
     assert factory.journal.count(("start", "bad")) == 2
 
 
@@ -180,9 +203,12 @@ async def test_settings_change_reaches_the_next_pick(world):
     assert d.settings_source == "admin"
 
 
-async def test_fifo_serves_the_ready_model_at_once_and_caps_it(world):
-    d, factory, rec = await world("a", "b", use="fifo")
-    model_a = dataclasses.replace(d.config.models["a"], concurrency_limit=2)
+async def test_fifo_serves_the_ready_model_at_once_and_caps_it(dispatchers):
+    # The limit is the config's (the admission rules are built from it, scheduler/rules.py).
+    config = make_config("a", "b", use="fifo")
+    model_a = dataclasses.replace(config.models["a"], concurrency_limit=2)
+    config = dataclasses.replace(config, models={**config.models, "a": model_a})
+    d = await dispatchers(config, process_factory=FakeProcessFactory())
     first = d.submit(model_a, 0, "1", "/v1/completions")
     await granted(first)
     second = d.submit(model_a, 0, "2", "/v1/completions")

@@ -229,7 +229,7 @@ async def test_the_queue_api_metrics_and_records_show_each_requests_lane():
     import json
 
     from activity.metrics import export
-    from activity.recorder import record_fields
+    from activity.rows import record_fields
     from tests.asgi import Call, Gate, in_process
 
     gate = Gate()

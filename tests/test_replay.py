@@ -68,16 +68,17 @@ def recorded():
     trace = generate_trace(300, seed=3, shape="bursty")
     result = simulate(trace, SchedulerSettings(), GENERATED_LOAD_SECONDS)
     record_run(result, trace, GENERATED_LOAD_SECONDS)
-    # One that never reached the GPU (its client left while it waited): not replayed.
+    # One that never reached the GPU (its client left while it waited): replayed, it
+    # leaves the queue at the same time (busy GPU: before its turn).
     RequestRecord.objects.create(
         request_id="gone",
         model="qwen3",
         path="/v1/chat/completions",
-        priority=0,
-        band="normal",
+        priority=-100,
+        band="batch",
         policy="serial",
-        arrived_at=T0 + timedelta(seconds=5),
-        finished_at=T0 + timedelta(seconds=9),
+        arrived_at=T0 + timedelta(seconds=trace[0].arrival + 5),
+        finished_at=T0 + timedelta(seconds=trace[0].arrival + 9),
         outcome="cancelled_waiting",
         duration_ms=4000,
     )
@@ -87,12 +88,14 @@ def recorded():
 def test_the_recorded_run_round_trips_with_no_replay_error(recorded):
     trace, result = recorded
     rows, origin = history_rows()
-    assert origin == T0 + timedelta(seconds=5)  # the first arrival: the one that left
+    assert origin == T0 + timedelta(seconds=trace[0].arrival)  # the first arrival
     history = from_history(rows, SchedulerSettings())
-    assert history.skipped == 1 and len(history.trace) == len(trace)
+    assert history.skipped == 0 and len(history.trace) == len(trace) + 1
+    assert [r.gone for r in history.trace if r.request_id == "gone"] == [pytest.approx(9)]
     assert history.loads == GENERATED_LOAD_SECONDS
     replay = simulate(history.trace, SchedulerSettings(), history.loads)
     error = replay_error(history.recorded, replay)
+    assert "gone" not in {d.request_id for d in replay.dispatches}
     assert error.requests == len(trace)
     assert error.abs_max < 0.01 and error.same_order == 1.0
     for band in BANDS:
@@ -109,7 +112,7 @@ def test_simulate_from_history_reports_the_replay_error_and_compares(recorded):
         "simulate", "--from-history", "--compare", "agingCap=100", "use=fifo", "--json", stdout=out
     )
     data = json.loads(out.getvalue())
-    assert data["requests"] == 300 and data["skipped_never_dispatched"] == 1
+    assert data["requests"] == 301 and data["skipped_never_dispatched"] == 0
     assert data["replay_error"]["abs_error_max_seconds"] < 0.01
     labels = [r["label"] for r in data["results"]]
     assert labels == ["recorded", "replay: defaults", "agingCap=100", "use=fifo"]

@@ -101,3 +101,26 @@ def test_every_swap_is_classified_forced_by_band_or_the_policys_choice():
     default = simulate(trace, SETTINGS, {"a": 1, "b": 1})
     assert [d.request_id for d in default.dispatches] == ["a1", "a2", "b1"]
     assert default.swaps - default.forced_swaps - default.band_swaps == 0
+
+
+def test_the_config_rules_replay_groups_bounds_and_fifo_limits_as_the_server_runs_them():
+    # What the simulator used to leave out (issue 20): the router, maxWait, concurrencyLimit.
+    from scheduler.core.admission import ModelRules, Rules
+    from scheduler.core.swapper import Group, GroupSwapper
+
+    trace = [req("a1", 0, "a"), req("b1", 20, "b"), req("a2", 40, "a"), req("b2", 60, "b")]
+    one_at_a_time = simulate(trace, SETTINGS, {"a": 5, "b": 5})
+    pair = GroupSwapper([Group("pair", swap=False, members=("a", "b"))])
+    together = simulate(trace, SETTINGS, {"a": 5, "b": 5}, rules=Rules(evict=pair.evict))
+    assert (one_at_a_time.swaps, together.swaps) == (4, 2)  # a and b stay loaded side by side
+
+    waits = [req("run", 0, "a"), req("batch", 1, "a", -100), req("normal", 2, "a")]
+    bounded = simulate(waits, SETTINGS, {"a": 0}, rules=Rules(max_wait={"batch": 5.0}))
+    assert [d.request_id for d in bounded.dispatches] == ["run", "normal"]
+    assert bounded.refused() == {"expired": 1}
+
+    burst = [req(f"r{i}", 0, "a", 0, 10) for i in range(4)]
+    limits = Rules(models={"a": ModelRules(concurrency_limit=2)})
+    fifo = simulate(burst, SchedulerSettings.create(use="fifo"), {"a": 0}, rules=limits)
+    # The first starts the model, the second joins the load; the rest wait for a slot.
+    assert [d.start for d in fifo.dispatches] == [0, 0, 10, 10]

@@ -4,18 +4,23 @@ the settings that ran comes to what happened.
 Pure: rows come in as plain values (``activity.history`` reads them from the database).
 A row that was dispatched becomes a trace request: its arrival, model and priority as
 recorded, its service the measured upstream time (ready to finish), and each model's
-cold-load time the median of its measured loads. Requests that never reached the GPU
-(cancelled or expired while waiting, refused) are left out: in a replay they would be
-served. What happened becomes a :class:`~scheduler.core.simulate.SimResult` too, so it
-sits in the same table as the replays.
+cold-load time the median of its measured loads. Requests that never reached the GPU are
+replayed too: one refused (``maxWait``, ``maxQueueDepth``, ``concurrencyLimit``) arrives
+and the replay decides again (served, its service is its model's median); one whose
+client left while it waited leaves at the same time. What happened becomes a
+:class:`~scheduler.core.simulate.SimResult` too (with its refusals), so it sits in the
+same table as the replays.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from scheduler.core.admission import Refusal
+from scheduler.core.lanes import DEFAULT_LANE
 from scheduler.core.policy import SchedulerSettings, Term
 from scheduler.core.priority import BANDS, Band, band_of
 from scheduler.core.simulate import (
@@ -47,6 +52,19 @@ class HistoryRow:
     """Seconds of the model load it waited for (None: no swap)."""
     swapped: bool | None = None
     reordered_by: frozenset[Term] = frozenset()
+    outcome: str = "completed"
+    """The dispatcher's ``Outcome`` value."""
+    lane: str = DEFAULT_LANE
+
+
+REPLAYED_REFUSALS: dict[str, Refusal] = {
+    "expired": Refusal.EXPIRED,
+    "queue_full": Refusal.QUEUE_FULL,
+    "rejected": Refusal.OVERLOADED,
+}
+"""Outcomes of requests refused without a turn, which a replay decides again."""
+GONE = "cancelled_waiting"
+"""The outcome of a request whose client left while it waited."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +75,8 @@ class History:
     recorded: SimResult
     """What happened, as a column of the table."""
     skipped: int
-    """Rows never dispatched (not replayed)."""
+    """Rows not replayed: never dispatched, and neither refused nor left while waiting
+    (a failed start, a shutdown)."""
 
 
 def _service(row: HistoryRow) -> float:
@@ -74,17 +93,30 @@ def from_history(
 ) -> History:
     """The trace and the recorded run of some rows (any order)."""
     rows = list(rows)
-    dispatched = sorted(
-        (r for r in rows if r.start is not None), key=lambda r: (r.arrival, r.request_id)
-    )
-    skipped = len(rows) - len(dispatched)
+    dispatched = [r for r in rows if r.start is not None]
+    waited = [
+        r for r in rows if r.start is None and (r.outcome in REPLAYED_REFUSALS or r.outcome == GONE)
+    ]
+    replayed = sorted([*dispatched, *waited], key=lambda r: (r.arrival, r.request_id))
+    skipped = len(rows) - len(replayed)
     loads_seen: dict[str, list[float]] = {}
+    services: dict[str, list[float]] = {}
     for r in dispatched:
         if r.load is not None and r.load > 0:
             loads_seen.setdefault(r.model, []).append(r.load)
+        services.setdefault(r.model, []).append(_service(r))
     loads = {model: statistics.median(values) for model, values in loads_seen.items()}
+    typical = {model: statistics.median(values) for model, values in services.items()}
     trace = [
-        TraceRequest(r.request_id, r.arrival, r.model, r.priority, _service(r)) for r in dispatched
+        TraceRequest(
+            r.request_id,
+            r.arrival,
+            r.model,
+            r.priority,
+            _service(r) if r.start is not None else typical.get(r.model, 0.0),
+            gone=r.finish if r.outcome == GONE else None,
+        )
+        for r in replayed
     ]
     jobs = sorted(dispatched, key=lambda r: (r.start, r.arrival))
     dispatches = [
@@ -97,12 +129,21 @@ def from_history(
             r.finish,
             bool(r.swapped if r.swapped is not None else r.load is not None),
             r.reordered_by,
+            r.lane,
         )
         for r in jobs
     ]
     busy = sum(d.finish - d.start for d in dispatches)
     recorded = summarize(trace, dispatches, settings, label=RECORDED_LABEL, busy=busy)
-    for model in {r.model for r in dispatched} - loads.keys():
+    refusals = tuple(
+        (r.request_id, REPLAYED_REFUSALS[r.outcome])
+        for r in sorted(waited, key=lambda r: (r.finish, r.arrival))
+        if r.outcome in REPLAYED_REFUSALS
+    )
+    recorded = dataclasses.replace(
+        recorded, refusals=refusals, lanes=len({d.lane for d in dispatches}) or 1
+    )
+    for model in {r.model for r in replayed} - loads.keys():
         loads[model] = default_load
     return History(trace=trace, loads=loads, recorded=recorded, skipped=skipped)
 
@@ -118,7 +159,8 @@ class ReplayError:
     band_p95: Mapping[Band, tuple[float, float]]
     """Per band: (recorded p95 wait, replayed p95 wait)."""
     same_order: float
-    """Share of picks that were the same request in the same position."""
+    """Share of picks that were the same request in the same position of its lane's
+    order (lanes dispatch side by side: their interleaving is not an order)."""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -141,8 +183,9 @@ def replay_error(recorded: SimResult, replayed: SimResult) -> ReplayError:
     )
     same = sum(
         1
-        for a, b in zip(recorded.dispatches, replayed.dispatches, strict=False)
-        if a.request_id == b.request_id
+        for lane, picks in lane_orders(recorded).items()
+        for a, b in zip(picks, lane_orders(replayed).get(lane, []), strict=False)
+        if a == b
     )
     return ReplayError(
         requests=len(errors),
@@ -154,3 +197,11 @@ def replay_error(recorded: SimResult, replayed: SimResult) -> ReplayError:
         },
         same_order=same / len(recorded.dispatches) if recorded.dispatches else 1.0,
     )
+
+
+def lane_orders(result: SimResult) -> dict[str, list[str]]:
+    """Each lane's dispatch order (request ids)."""
+    orders: dict[str, list[str]] = {}
+    for d in result.dispatches:
+        orders.setdefault(d.lane, []).append(d.request_id)
+    return orders

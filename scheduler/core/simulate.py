@@ -1,36 +1,35 @@
-"""Replay a request trace through the real WaitingQueue on a virtual clock.
+"""Replay a request trace through the scheduler on a virtual clock.
 
 Pure: no Django, no I/O, no clock reads, no sleeps. The management command
 ``manage.py simulate`` parses arguments and files and calls these functions.
 
-The model is the spec's serial GPU (docs/scheduling.md): one job at a
-time, non-preemptive. The loop is event-driven over two kinds of events, arrivals and
-the completion of the running job; because the GPU runs one job, "the next completion"
-is a single number rather than a heap. At each dispatch instant every arrival at or
-before that instant is added first (so an arrival at the same instant as a completion
-competes for that dispatch), then the queue picks. A pick of a model other than the
-loaded one costs that model's cold-load time before its service time, and counts as a
-swap (the very first load included: the GPU starts empty).
+The scheduler replayed is the dispatcher's own: :class:`~scheduler.core.machine.Machine`
+runs the same admission strategies (:mod:`scheduler.core.admission`: serial or fifo,
+lanes, slots, the router's groups or matrix, ``concurrencyLimit``, ``maxWait``,
+``maxQueueDepth``, ttl, failed starts), and this module is its clock: an event loop over
+arrivals, loads that complete, jobs that end, clients that leave and the machine's timer.
+At each instant the events apply first, then the arrivals (so an arrival at the same
+instant as a completion competes for that dispatch), then the strategies decide. A
+model's start costs its cold-load time, a request its service time once its model is
+ready; a start counts as a swap (the very first load included: the GPU starts empty).
 
-Also here: three generated trace shapes (:func:`generate_trace`: overload, steady,
-bursty), the overload targets (:func:`check_targets`, :data:`RECOMMENDED`), forced swaps
-(nothing waiting for the loaded model), and with ``estimate=True`` the error of the
-estimated wait (:mod:`scheduler.core.estimate`). Recorded history becomes a trace in
-:mod:`scheduler.core.replay`. One queue, one GPU, one job at a time: a multi-lane run
-would keep one :class:`WaitingQueue` and one ``free_at`` per lane in the same loop.
+Also here: the settings overrides (``--set``), the results and their table, forced and
+band swaps, with ``estimate=True`` the error of the estimated wait
+(:mod:`scheduler.core.estimate`), and :data:`RECOMMENDED` (the overload targets are
+:mod:`scheduler.core.targets`). Traces (files, generated shapes) are :mod:`scheduler.core.traces`;
+recorded history becomes a trace in :mod:`scheduler.core.replay`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
-import json
 import math
-import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from scheduler.core.admission import Dispatch as AdmitDispatch
+from scheduler.core.admission import ModelRules, Refusal, Refuse, Rules, Start
 from scheduler.core.estimate import (
     ArrivalRates,
     EstimateError,
@@ -38,183 +37,47 @@ from scheduler.core.estimate import (
     estimate_error,
     estimate_waits,
 )
-from scheduler.core.lanes import DEFAULT_LANE, LaneQueues, fill_slots
+from scheduler.core.lanes import DEFAULT_LANE
+from scheduler.core.machine import Grant, Machine, MachineEffect
 from scheduler.core.policy import (
     DEFAULT_AGING_DIVISOR,
     DEFAULT_SWAP_AFFINITY_BONUS,
+    Decision,
     QueuedRequest,
     SchedulerSettings,
-    SettingsError,
     Term,
 )
-from scheduler.core.priority import BANDS, Band, parse_priority
-from scheduler.core.queue import WaitingQueue
+from scheduler.core.priority import BANDS, Band
+from scheduler.core.settings import parse_assignments
+from scheduler.core.traces import GENERATED_LOAD_SECONDS as GENERATED_LOAD_SECONDS
+from scheduler.core.traces import TRACE_SHAPES as TRACE_SHAPES
+from scheduler.core.traces import TraceError as TraceError
+from scheduler.core.traces import TraceRequest as TraceRequest
+from scheduler.core.traces import generate_trace as generate_trace
+from scheduler.core.traces import load_flags as load_flags
+from scheduler.core.traces import load_trace as load_trace
 
 DEFAULT_LOAD_SECONDS = 20.0
 BAND_RANK = {band: rank for rank, band in enumerate(BANDS)}
 """0 for the most urgent band."""
 
-# The generator's models and their cold-load times: a small chat model, a larger one
-# and an image model (``--load-seconds`` flags are printed for them).
-GENERATED_LOAD_SECONDS: dict[str, float] = {"qwen3": 15.0, "llama3": 30.0, "flux": 45.0}
-
-# Settings names accepted by --set / --compare, as in the YAML (routing.scheduler...).
-# ``bandShare`` is given per band: ``bandShare.batch=0.25``; ``agingCap=none`` removes a cap.
-SETTING_NAMES: dict[str, str] = {
-    "use": "use",
-    "agingDivisor": "aging_divisor",
-    "swapAffinityBonus": "swap_affinity_bonus",
-    "agingCap": "aging_cap",
-    "bandShare": "band_share",
-}
-
-
-class TraceError(ValueError):
-    """A bad trace line; ``line`` is 1-based."""
-
-    def __init__(self, line: int, problem: str) -> None:
-        self.line = line
-        self.problem = problem
-        super().__init__(f"line {line}: {problem}")
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
-    """One request of a trace."""
-
-    request_id: str
-    arrival: float
-    """Seconds from any origin."""
-    model: str
-    priority: int
-    service: float
-    """Seconds on the GPU once the model is loaded."""
-
-    def as_json(self) -> str:
-        return json.dumps(
-            {
-                "id": self.request_id,
-                "arrival": self.arrival,
-                "model": self.model,
-                "priority": self.priority,
-                "service": self.service,
-            }
-        )
-
-
-# -- trace loading ---------------------------------------------------------------------
-
-
-def _number(obj: Mapping[str, Any], key: str, line: int) -> float:
-    if key not in obj:
-        raise TraceError(line, f"missing {key!r}")
-    value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TraceError(line, f"{key!r} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise TraceError(line, f"{key!r} must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-def _priority(obj: Mapping[str, Any], line: int) -> int:
-    """An int as is; a string with the header's semantics (aliases, else 0); absent is 0."""
-    value = obj.get("priority")
-    if value is None or isinstance(value, str):
-        return parse_priority(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise TraceError(line, f"'priority' must be an integer or a string, got {value!r}")
-
-
-def load_trace(lines: Iterable[str]) -> list[TraceRequest]:
-    """Parse JSONL trace lines (blank lines skipped) into requests sorted by arrival.
-
-    Each line is an object with ``arrival`` and ``service`` (seconds >= 0), ``model``
-    (non-empty string), ``priority`` (an int as is, or a string parsed like the
-    X-LlamaSwap-Priority header: aliases, else 0) and an optional ``id`` (string or
-    int; default ``line<N>``). Raises :class:`TraceError` naming the line.
-    """
-    requests: list[TraceRequest] = []
-    seen: dict[str, int] = {}
-    for number, text in enumerate(lines, start=1):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceError(number, f"not JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise TraceError(number, "expected a JSON object")
-        model = obj.get("model")
-        if not isinstance(model, str) or not model:
-            raise TraceError(number, f"'model' must be a non-empty string, got {model!r}")
-        raw_id = obj.get("id", f"line{number}")
-        if isinstance(raw_id, bool) or not isinstance(raw_id, str | int) or raw_id == "":
-            raise TraceError(number, f"'id' must be a non-empty string or an int, got {raw_id!r}")
-        request_id = str(raw_id)
-        if request_id in seen:
-            raise TraceError(
-                number, f"duplicate id {request_id!r} (first on line {seen[request_id]})"
-            )
-        seen[request_id] = number
-        requests.append(
-            TraceRequest(
-                request_id=request_id,
-                arrival=_number(obj, "arrival", number),
-                model=model,
-                priority=_priority(obj, number),
-                service=_number(obj, "service", number),
-            )
-        )
-    requests.sort(key=lambda r: r.arrival)  # stable: equal arrivals keep file order
-    return requests
-
-
 # -- settings overrides ----------------------------------------------------------------
-
-
-def _setting_value(text: str) -> object:
-    for convert in (int, float):
-        try:
-            return convert(text)
-        except ValueError:
-            pass
-    return text
 
 
 def parse_overrides(
     pairs: Iterable[str], base: SchedulerSettings | None = None
 ) -> SchedulerSettings:
-    """Apply ``name=value`` overrides (``agingDivisor=600``, ``use=fifo``) to settings.
-    ``recommended`` stands for :data:`RECOMMENDED` (the opt-in bounds).
+    """Apply ``name=value`` overrides (``agingDivisor=600``, ``use=fifo``,
+    ``bandShare.batch=0.25``, ``agingCap=none``) to settings: any setting of the table
+    (:func:`scheduler.core.settings.parse_assignments`). ``recommended`` stands for
+    :data:`RECOMMENDED` (the opt-in bounds).
 
     Each pair may hold several comma-separated overrides. Raises :class:`SettingsError`
     naming the key for an unknown name, a missing ``=`` or an invalid value.
     """
     settings = base or SchedulerSettings()
-    changes: dict[str, object] = {}
-    shares: dict[str, object] = {b.value: s for b, s in settings.band_share.items()}
     pairs = [RECOMMENDED if p.strip() == "recommended" else p for p in pairs]
-    for pair in pairs:
-        for item in pair.split(","):
-            item = item.strip()
-            if not item or item in ("default", "defaults"):
-                continue
-            name, sep, value = item.partition("=")
-            name = name.strip()
-            if not sep:
-                raise SettingsError(name, item, "expected name=value")
-            if name.startswith("bandShare."):
-                shares[name.removeprefix("bandShare.")] = _setting_value(value.strip())
-                changes["band_share"] = shares
-                continue
-            if name not in SETTING_NAMES or name == "bandShare":
-                known = ", ".join([*SETTING_NAMES][:-1]) + ", bandShare.<band>"
-                raise SettingsError(name, value, f"unknown setting (known: {known})")
-            parsed = _setting_value(value.strip())
-            if name == "agingCap" and parsed in ("none", "null", ""):
-                parsed = None
-            changes[SETTING_NAMES[name]] = parsed
+    changes = parse_assignments(pairs, settings.raw())
     return settings.with_changes(**changes) if changes else settings
 
 
@@ -296,6 +159,15 @@ class SimResult:
     followed, per band (every waiting request, estimated at every pick)."""
     lanes: int = 1
     """GPUs (lanes) the replay ran on; ``busy`` is summed over them."""
+    refusals: tuple[tuple[str, Refusal], ...] = ()
+    """Requests answered without a turn (bounds, limits, failed starts), in order."""
+
+    def refused(self) -> dict[str, int]:
+        """Refusals by kind (``expired``, ``queue_full``, ...)."""
+        counts: dict[str, int] = {}
+        for _, kind in self.refusals:
+            counts[kind.value] = counts.get(kind.value, 0) + 1
+        return counts
 
     @property
     def busy_share(self) -> float:
@@ -312,6 +184,7 @@ class SimResult:
             "busy_share": self.busy_share,
             "makespan_seconds": self.makespan,
             "forced_swaps": self.forced_swaps,
+            "refused": self.refused(),
             "band_swaps": self.band_swaps,
             "reordered": {term.value: self.reordered.get(term, 0) for term in Term},
             "bands": {
@@ -352,98 +225,55 @@ def simulate(
     estimate: bool = False,
     lanes: Mapping[str, str] | None = None,
     slots: Mapping[str, int] | None = None,
+    rules: Rules | None = None,
 ) -> SimResult:
-    """Replay ``trace`` (sorted by arrival, as :func:`load_trace` returns it).
+    """Replay ``trace`` (sorted by arrival, as :func:`load_trace` returns it) through the
+    admission machine (:class:`~scheduler.core.machine.Machine`: the dispatcher's
+    strategies) on a virtual clock.
 
-    With ``estimate``, at every pick the estimated wait of every waiting request
-    (:mod:`scheduler.core.estimate`, from the means of the jobs finished so far) is
-    compared with the wait that followed. ``lanes`` (model -> lane; others on the default
-    lane) and ``slots`` (model -> N) replay a box with several GPUs and models served N
-    at a time, as the dispatcher runs them (:func:`simulate_lanes`).
+    ``lanes`` (model -> lane; others on the default lane) and ``rules`` (the config's
+    slots, concurrency limits, router, bounds and ttl: :func:`scheduler.dispatcher.rules_of`
+    builds them; by default one model per lane, one request at a time) replay the box as
+    the server runs it; ``slots`` (model -> N) is a shortcut for rules with slots only.
+    A model's load costs its ``load_seconds`` (``default_load`` otherwise), a request its
+    ``service`` once its model is ready. With ``estimate``, at every pick on an idle lane
+    the estimated wait of each of its waiting requests (:mod:`scheduler.core.estimate`,
+    from the means of the jobs dispatched so far) is compared with the wait that followed.
     """
-    if lanes or any(n > 1 for n in (slots or {}).values()):
-        return simulate_lanes(
-            trace, settings, load_seconds, default_load, label, lanes or {}, slots or {}
-        )
-    loads = dict(load_seconds or {})
-    queue = WaitingQueue(settings)
-    pick, add = queue.pick, queue.add  # the hot loop: bind once
-    n = len(trace)
-    i = 0
-    free_at = -math.inf
-    loaded: str | None = None
-    busy = 0.0
-    swaps = forced = band_swaps = 0
-    reorders = dict.fromkeys(Term, 0)
-    dispatches: list[Dispatch] = []
-    by_id: dict[str, TraceRequest] = {}
-    means = RunningMeans()
-    rates = ArrivalRates()
-    estimates: list[tuple[str, float, float]] = []  # (request id, at, estimated wait)
-    while i < n or len(queue):
-        # The next dispatch instant: the running job's end, or the next arrival if idle.
-        now = free_at if len(queue) else max(free_at, trace[i].arrival)
-        while i < n and trace[i].arrival <= now:
-            r = trace[i]
-            by_id[r.request_id] = r
-            request = QueuedRequest(r.request_id, r.model, r.priority, r.arrival)
-            add(request)
-            rates.add(request.band, r.arrival)
-            i += 1
-        if estimate:
-            ranked = queue.peek(now)
-            times = means.times(default_load, rates, now)
-            guesses = estimate_waits(ranked, queue.loaded_models, 0.0, times)
-            estimates += [
-                (x.request.request_id, now, g) for x, g in zip(ranked, guesses, strict=True)
-            ]
-        mine = queue.most_urgent_for(loaded) if loaded is not None else None
-        decision = pick(now)
-        assert decision is not None
-        job = by_id.pop(decision.request_id)
-        cost = job.service
-        swap = decision.model != loaded
-        if swap:
-            load = loads.get(decision.model, default_load)
-            cost += load
-            means.add_load(decision.model, load)
-            loaded = decision.model
-            queue.set_loaded_model(loaded)
-            swaps += 1
-            if mine is None:
-                forced += 1
-            elif BAND_RANK[decision.band] < BAND_RANK[mine.band]:
-                band_swaps += 1
-        means.add_service(job.model, job.service, decision.band)
-        reordered = decision.reordered_by
-        for term in reordered:
-            reorders[term] += 1
-        free_at = now + cost
-        busy += cost
-        dispatches.append(
-            Dispatch(
-                job.request_id, job.model, decision.band, job.arrival, now, free_at, swap, reordered
-            )
-        )
+    if rules is None:
+        models = {m: ModelRules(slots=n) for m, n in (slots or {}).items()}
+        rules = Rules(models=models, fifo_limits=False)
+    lane_of = dict(lanes or {})
+    machine = Machine(settings, rules, lane_of, sorted(set(lane_of.values())))
+    run = _Run(trace, machine, dict(load_seconds or {}), default_load, estimate)
+    run.drive()
+    dispatches = run.dispatches
     errors = None
     if estimate:
         start = {d.request_id: (d.start, d.band) for d in dispatches}
         pairs: dict[Band, list[tuple[float, float]]] = {band: [] for band in BANDS}
-        for request_id, at, guess in estimates:
-            began, band = start[request_id]
-            pairs[band].append((guess, began - at))
+        for request_id, at, guess in run.estimates:
+            if request_id in start:
+                began, band = start[request_id]
+                pairs[band].append((guess, began - at))
         errors = {band: estimate_error(p) for band, p in pairs.items()}
     result = summarize(
         trace,
         dispatches,
         settings,
         label=label or describe_settings(settings),
-        busy=busy,
-        reorders=reorders,
-        forced_swaps=forced,
+        busy=run.busy,
+        reorders=run.reorders,
+        forced_swaps=run.forced,
         estimate_errors=errors,
     )
-    return dataclasses.replace(result, band_swaps=band_swaps)
+    used = {d.lane for d in dispatches} or {DEFAULT_LANE}
+    return dataclasses.replace(
+        result,
+        band_swaps=run.band_swaps,
+        lanes=len(used),
+        refusals=tuple(run.refusals),
+    )
 
 
 def simulate_lanes(
@@ -455,109 +285,174 @@ def simulate_lanes(
     lanes: Mapping[str, str],
     slots: Mapping[str, int],
 ) -> SimResult:
-    """The serial scheduler on several lanes, with slots: each lane picks from its own
-    queue by score when it is idle; while it runs requests of a model with ``slots: N``
-    it admits more of that model up to N as long as the lane's best waiting request is
-    for it (:func:`scheduler.core.lanes.fill_slots`), then drains before the next swap.
-    A swap's load is paid by the requests admitted with it; requests joining a loading
-    model start when it is ready. ``busy`` is summed over lanes (time each lane had
-    anything running or loading)."""
-    loads = dict(load_seconds or {})
-    queues = LaneQueues(settings, lanes, sorted(set(lanes.values())))
-    names = queues.names
-    loaded: dict[str, str | None] = dict.fromkeys(names, None)
-    running: dict[str, int] = dict.fromkeys(names, 0)
-    ready_at: dict[str, float] = dict.fromkeys(names, -math.inf)
-    busy_since: dict[str, float] = {}
-    finishes: list[tuple[float, int, str]] = []  # (time, seq, lane)
-    seq = 0
-    busy = 0.0
-    forced = 0
-    reorders = dict.fromkeys(Term, 0)
-    dispatches: list[Dispatch] = []
-    by_id: dict[str, TraceRequest] = {}
-    n, i = len(trace), 0
-    while i < n or finishes or len(queues):
-        # The next event: a job's end or an arrival, whichever comes first.
-        candidates = []
-        if finishes:
-            candidates.append(finishes[0][0])
-        if i < n:
-            candidates.append(trace[i].arrival)
-        if not candidates:
-            break  # requests wait on a lane that can never run them (cannot happen)
-        now = min(candidates)
-        while finishes and finishes[0][0] <= now:
-            _, _, lane = heapq.heappop(finishes)
-            running[lane] -= 1
-            if running[lane] == 0:
-                busy += now - busy_since.pop(lane)
-        while i < n and trace[i].arrival <= now:
-            r = trace[i]
-            by_id[r.request_id] = r
-            queues.add(QueuedRequest(r.request_id, r.model, r.priority, r.arrival))
-            i += 1
-        for lane in names:
-            queue = queues.lane(lane)
-            if not queue:
-                continue
-            admitted = []
-            model = loaded[lane]
-            if running[lane] == 0:
-                nothing_for_loaded = model is None or not queue.waiting_for(model)
-                decision = queues.pick(now, lane)
-                assert decision is not None
-                if decision.model != model:
-                    model = loaded[lane] = decision.model
-                    queue.set_loaded_models([model])
-                    ready_at[lane] = now + loads.get(model, default_load)
-                    forced += nothing_for_loaded
-                    admitted.append((decision, True))
+    """:func:`simulate` with lanes and slots (kept for its callers: one machine runs both)."""
+    return simulate(trace, settings, load_seconds, default_load, label, lanes=lanes, slots=slots)
+
+
+_FINISH, _READY, _GONE, _TICK = range(4)
+"""Event kinds; at one instant they apply in this order, then the arrivals, then the
+strategies decide (as the dispatcher applies a batch of events, then decides)."""
+
+
+class _Run:
+    """One replay: the event loop of the virtual clock around the machine."""
+
+    def __init__(
+        self,
+        trace: Sequence[TraceRequest],
+        machine: Machine,
+        loads: Mapping[str, float],
+        default_load: float,
+        estimate: bool,
+    ) -> None:
+        self.trace = trace
+        self.machine = machine
+        self.loads = loads
+        self.default_load = default_load
+        self.estimate = estimate
+        self.events: list[tuple[float, int, int, str, str]] = []
+        self.seq = 0
+        self.by_id: dict[str, TraceRequest] = {}
+        self.started: list[tuple[TraceRequest, Decision, float, bool, str]] = []
+        """Each turn as it was dispatched: the job, the pick, when, whether it loaded."""
+        self.finishes: dict[str, float] = {}
+        self.refusals: list[tuple[str, Refusal]] = []
+        self.reorders = dict.fromkeys(Term, 0)
+        self.busy = 0.0
+        self.busy_since: dict[str, float] = {}
+        self.forced = self.band_swaps = 0
+        self.means = RunningMeans()
+        self.rates = ArrivalRates()
+        self.estimates: list[tuple[str, float, float]] = []
+        self.starting: dict[str, Decision] = {}
+        """Lane -> the decision whose turn starts the lane's next load."""
+
+    @property
+    def dispatches(self) -> list[Dispatch]:
+        """Every job in dispatch order (one never granted: finish NaN)."""
+        finishes = self.finishes
+        return [
+            Dispatch(
+                job.request_id,
+                job.model,
+                decision.band,
+                job.arrival,
+                start,
+                finishes.get(job.request_id, math.nan),
+                load,
+                decision.reordered_by,
+                lane,
+            )
+            for job, decision, start, load, lane in self.started
+        ]
+
+    def push(self, at: float, kind: int, a: str, b: str = "") -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, kind, self.seq, a, b))
+
+    def drive(self) -> None:
+        trace, machine, events = self.trace, self.machine, self.events
+        n, i = len(trace), 0
+        armed: float | None = None
+        while i < n or events:
+            now = events[0][0] if events else math.inf
+            if i < n and trace[i].arrival < now:
+                now = trace[i].arrival
+            while events and events[0][0] <= now:
+                _, kind, _, a, b = heapq.heappop(events)
+                if kind == _FINISH:
+                    machine.finish(now, a)
+                elif kind == _READY:
+                    self.apply(now, machine.ready(now, a, b))
+                elif kind == _GONE:
+                    machine.finish(now, a, completed=False)
                 else:
-                    admitted.append((decision, False))
-                busy_since[lane] = now
-            if model is not None:
-                limit = slots.get(model, 1)
-                busy_now = running[lane] + len(admitted)
-                if limit > 1 and busy_now < limit:
-                    admitted += [
-                        (d, False) for d in fill_slots(queues, lane, now, model, busy_now, limit)
-                    ]
-            for decision, swap in admitted:
-                job = by_id.pop(decision.request_id)
-                if swap:  # the same arithmetic as simulate(): equal floats on one lane
-                    finish = now + (job.service + loads.get(job.model, default_load))
-                else:
-                    finish = max(now, ready_at[lane]) + job.service
-                seq += 1
-                heapq.heappush(finishes, (finish, seq, lane))
-                running[lane] += 1
+                    armed = None
+                    self.apply(now, machine.tick(now))
+            while i < n and trace[i].arrival <= now:
+                r = trace[i]
+                i += 1
+                self.by_id[r.request_id] = r
+                request = QueuedRequest(r.request_id, r.model, r.priority, r.arrival)
+                self.rates.add(request.band, r.arrival)
+                refused = machine.arrive(now, request)
+                if refused:
+                    self.apply(now, refused)
+                if r.gone is not None:
+                    self.push(r.gone, _GONE, r.request_id)
+            if self.estimate:
+                self.guess(now)
+            effects = machine.decide(now)
+            if effects:
+                self.apply(now, effects)
+            deadline = machine.deadline()
+            if deadline is not None and (armed is None or deadline < armed):
+                armed = deadline
+                self.push(max(deadline, now), _TICK, "")
+            self.account(now)
+
+    def apply(self, now: float, effects: list[MachineEffect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Grant):
+                rid = effect.request_id
+                finish = now + self.by_id[rid].service
+                self.finishes[rid] = finish
+                self.push(finish, _FINISH, rid)
+            elif isinstance(effect, AdmitDispatch):
+                decision = effect.decision
+                job = self.by_id[decision.request_id]
                 for term in decision.reordered_by:
-                    reorders[term] += 1
-                dispatches.append(
-                    Dispatch(
-                        job.request_id,
-                        job.model,
-                        decision.band,
-                        job.arrival,
-                        now,
-                        finish,
-                        swap,
-                        decision.reordered_by,
-                        lane,
-                    )
-                )
-    result = summarize(
-        trace,
-        dispatches,
-        settings,
-        label=label or describe_settings(settings),
-        busy=busy,
-        reorders=reorders,
-        forced_swaps=forced,
-    )
-    used = {d.lane for d in dispatches} or {DEFAULT_LANE}
-    return dataclasses.replace(result, lanes=len(used))
+                    self.reorders[term] += 1
+                self.started.append((job, decision, now, effect.starts_load, effect.lane))
+                self.means.add_service(job.model, job.service, decision.band)
+                if effect.starts_load:
+                    self.starting[effect.lane] = decision
+            elif isinstance(effect, Start):
+                load = self.loads.get(effect.model, self.default_load)
+                self.means.add_load(effect.model, load)
+                self.count_swap(effect)
+                self.push(now + load, _READY, effect.lane, effect.model)
+            elif isinstance(effect, Refuse):
+                self.refusals.append((effect.request_id, effect.kind))
+
+    def count_swap(self, start: Start) -> None:
+        """A forced swap: nothing waited for the models it replaced; a band swap: the
+        pick's band was more urgent than anything waiting for them."""
+        decision = self.starting.pop(start.lane, None)
+        if decision is None:
+            return
+        lane = self.machine.lanes[start.lane]
+        queue = self.machine.queues.lane(start.lane)
+        before = [*start.evict, *(m for m in lane.models if m != start.model)]
+        heads = [r for r in map(queue.most_urgent_for, before) if r is not None]
+        mine = min(heads, key=lambda r: BAND_RANK[r.band], default=None)
+        if mine is None:
+            self.forced += 1
+        elif BAND_RANK[decision.band] < BAND_RANK[mine.band]:
+            self.band_swaps += 1
+
+    def account(self, now: float) -> None:
+        """Busy time: each lane's intervals with anything running or loading."""
+        for name, lane in self.machine.lanes.items():
+            active = bool(lane.running) or lane.swapping is not None
+            if active and name not in self.busy_since:
+                self.busy_since[name] = now
+            elif not active and name in self.busy_since:
+                self.busy += now - self.busy_since.pop(name)
+
+    def guess(self, now: float) -> None:
+        """The estimated wait of each request waiting on an idle lane, now."""
+        machine = self.machine
+        for name, lane in machine.lanes.items():
+            queue = machine.queues.lane(name)
+            if not queue or lane.running or lane.swapping is not None:
+                continue
+            ranked = queue.peek(now)
+            times = self.means.times(self.default_load, self.rates, now)
+            guesses = estimate_waits(ranked, queue.loaded_models, 0.0, times)
+            self.estimates += [
+                (x.request.request_id, now, g) for x, g in zip(ranked, guesses, strict=True)
+            ]
 
 
 def summarize(
@@ -685,288 +580,5 @@ def format_table(results: Sequence[SimResult]) -> str:
     return "\n".join(out)
 
 
-# -- the generator ---------------------------------------------------------------------
-
-_DAY = 86_400.0
-_REQUESTS_PER_DAY = 1000
-_FLOOD_SIZE = 200
-_FLOOD_WINDOW = 300.0
-"""A flood arrives within this many seconds (one script submitting its jobs)."""
-
-
-def _overload_trace(n: int, seed: int) -> list[TraceRequest]:
-    """The overloaded trace of ``n`` requests, the same for the same seed.
-
-    One simulated day per 1000 requests. In it: interactive chat in bursts (a person
-    sending 3-12 messages a few seconds apart, service 1-10 s, mostly during the
-    working day), a steady normal stream (service 5-60 s), and a flood of batch jobs
-    submitted at once by one caller (200 a day, arriving within 5 minutes, service
-    60-900 s log-uniform). Roughly 20% batch, 45% interactive, 35% normal. Models:
-    qwen3 and llama3 for chat, flux for renders; see :data:`GENERATED_LOAD_SECONDS`.
-    Priorities are the anchors plus a tier offset 0, +1 or +2.
-    """
-    rng = random.Random(seed)
-    horizon = max(3600.0, _DAY * n / _REQUESTS_PER_DAY)
-    n_batch = n // 5
-    n_inter = round(n * 0.45)
-    n_normal = n - n_batch - n_inter
-    raw: list[tuple[float, str, int, float]] = []  # (arrival, model, priority, service)
-
-    def tier() -> int:
-        return rng.choice((0, 0, 0, 1, 2))
-
-    # Batch floods: ceil(n_batch / 200) floods, one caller and one model each.
-    floods = math.ceil(n_batch / _FLOOD_SIZE)
-    left = n_batch
-    for f in range(floods):
-        size = min(_FLOOD_SIZE, left)
-        left -= size
-        start = horizon * (f + rng.uniform(0.05, 0.4)) / floods
-        model = rng.choices(("flux", "llama3"), weights=(3, 1))[0]
-        offset = tier()
-        for _ in range(size):
-            service = math.exp(rng.uniform(math.log(60), math.log(900)))
-            raw.append((start + rng.uniform(0, _FLOOD_WINDOW), model, -100 + offset, service))
-
-    # Normal: a steady Poisson stream over the whole horizon.
-    t = 0.0
-    rate = n_normal / horizon if n_normal else 0.0
-    for _ in range(n_normal):
-        t += rng.expovariate(rate)
-        model = rng.choices(("llama3", "qwen3", "flux"), weights=(5, 3, 2))[0]
-        raw.append((t % horizon, model, tier(), rng.uniform(5, 60)))
-
-    # Interactive: bursts (chat sessions), mostly between 08:00 and 20:00.
-    left = n_inter
-    while left > 0:
-        size = min(left, rng.randint(3, 12))
-        left -= size
-        day = rng.randrange(max(1, math.ceil(horizon / _DAY)))
-        hour = rng.uniform(8, 20) if rng.random() < 0.85 else rng.uniform(0, 24)
-        t = day * _DAY + hour * 3600
-        if t >= horizon:  # a short trace (under a day): anywhere in it
-            t = rng.uniform(0, horizon)
-        model = rng.choices(("qwen3", "llama3"), weights=(7, 3))[0]
-        offset = tier()
-        for _ in range(size):
-            raw.append((t, model, 100 + offset, rng.uniform(1, 10)))
-            t += rng.uniform(5, 40)  # read, think, type
-
-    return _finish(raw)
-
-
-_Raw = tuple[float, str, int, float]
-"""(arrival, model, priority, service) of a generated request."""
-
-
-def _finish(raw: list[_Raw]) -> list[TraceRequest]:
-    raw.sort(key=lambda item: item[0])
-    return [
-        TraceRequest(
-            request_id=f"r{k:06d}",
-            arrival=round(arrival, 3),
-            model=model,
-            priority=priority,
-            service=round(service, 1),
-        )
-        for k, (arrival, model, priority, service) in enumerate(raw)
-    ]
-
-
-def _mixed_request(rng: random.Random) -> tuple[str, int, float]:
-    """One request of the steady and bursty traces: 45% interactive chat (1-10 s), 35%
-    normal (5-60 s), 20% batch (60-900 s log-uniform, flux or llama3); tier offsets."""
-    tier = rng.choice((0, 0, 0, 1, 2))
-    kind = rng.random()
-    if kind < 0.45:
-        model = rng.choices(("qwen3", "llama3"), weights=(7, 3))[0]
-        return model, 100 + tier, rng.uniform(1, 10)
-    if kind < 0.80:
-        model = rng.choices(("llama3", "qwen3", "flux"), weights=(5, 3, 2))[0]
-        return model, tier, rng.uniform(5, 60)
-    model = rng.choices(("flux", "llama3"), weights=(3, 1))[0]
-    return model, -100 + tier, math.exp(rng.uniform(math.log(60), math.log(900)))
-
-
-def _steady_trace(n: int, seed: int, load: float = 0.7) -> list[TraceRequest]:
-    """Poisson arrivals of the mixed requests, the GPU ``load`` busy with service alone
-    (cold loads come on top)."""
-    rng = random.Random(seed)
-    jobs = [_mixed_request(rng) for _ in range(n)]
-    horizon = sum(job[2] for job in jobs) / load
-    rate = n / horizon if horizon else 0.0
-    raw: list[_Raw] = []
-    t = 0.0
-    for model, priority, service in jobs:
-        t += rng.expovariate(rate)
-        raw.append((t, model, priority, service))
-    return _finish(raw)
-
-
-def _bursty_trace(n: int, seed: int) -> list[TraceRequest]:
-    """Bursts of the mixed requests: every burst offers twice what the GPU can do while
-    it lasts, then the box is quiet long enough that it is 60% busy overall; batch jobs
-    come in bursts too (a script submitting 5-30 at once)."""
-    rng = random.Random(seed)
-    raw: list[_Raw] = []
-    t = 0.0
-    made = 0
-    while made < n:
-        size = min(n - made, rng.randint(20, 80))
-        jobs = [_mixed_request(rng) for _ in range(size)]
-        work = sum(job[2] for job in jobs)
-        window = work / 2.0  # offered at twice the GPU's speed
-        batch_at = t + rng.uniform(0, window)
-        for model, priority, service in jobs:
-            at = batch_at + rng.uniform(0, 60) if priority <= -50 else t + rng.uniform(0, window)
-            raw.append((at, model, priority, service))
-        made += size
-        t += work / 0.6  # the next burst once the box has been 60% busy on average
-    return _finish(raw)
-
-
-TRACE_SHAPES = ("overload", "steady", "bursty")
-
-
-def generate_trace(n: int = 1000, seed: int = 0, shape: str = "overload") -> list[TraceRequest]:
-    """A synthetic trace of ``n`` requests, the same for the same seed and shape.
-
-    ``overload`` (the default): :func:`_overload_trace`, a day with a flood of 200 batch
-    jobs; ``steady``: Poisson arrivals keeping the GPU 70% busy; ``bursty``: bursts at
-    twice the GPU's speed, 60% busy overall.
-    """
-    if n < 0:
-        raise ValueError("n must be >= 0")
-    if shape == "overload":
-        return _overload_trace(n, seed)
-    if shape == "steady":
-        return _steady_trace(n, seed)
-    if shape == "bursty":
-        return _bursty_trace(n, seed)
-    raise ValueError(f"unknown trace shape {shape!r} (known: {', '.join(TRACE_SHAPES)})")
-
-
-def load_flags(loads: Mapping[str, float]) -> str:
-    """``--load-seconds`` flags for a mapping of model to seconds."""
-    return " ".join(f"--load-seconds {model}={seconds:g}" for model, seconds in loads.items())
-
-
-# -- the targets -----------------------------------------------------------------------
-
 RECOMMENDED = "agingCap=100,swapAffinityBonus=30,bandShare.batch=0.2"
 """The opt-in settings the README recommends for a box that is overloaded at times."""
-
-
-@dataclass(frozen=True)
-class TargetCheck:
-    """One trace: fifo, the spec's defaults and a candidate side by side, with the
-    ratios the targets bound and what no order could beat."""
-
-    shape: str
-    fifo: SimResult
-    defaults: SimResult
-    candidate: SimResult
-    batch_first_max: float
-    """Batch maximum wait when batch goes before everything (arrival order): the least
-    any order of the same jobs can give the batch band's last job, loads aside."""
-
-    def ratios(self) -> dict[str, float]:
-        f, c = self.fifo, self.candidate
-        return {
-            "interactive_p95": _ratio(
-                c.bands[Band.INTERACTIVE].wait_p95, f.bands[Band.INTERACTIVE].wait_p95
-            ),
-            "batch_max": _ratio(c.bands[Band.BATCH].wait_max, f.bands[Band.BATCH].wait_max),
-            "swaps": _ratio(c.swaps, f.swaps),
-        }
-
-
-TARGETS = {"interactive_p95": 1.1, "batch_max": 0.7, "swaps": 0.5}
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b else (1.0 if not a else math.inf)
-
-
-def batch_first(trace: Sequence[TraceRequest]) -> list[TraceRequest]:
-    """The same trace with every batch request above every other (for the bound)."""
-    return [
-        TraceRequest(
-            r.request_id, r.arrival, r.model, 10_000 if r.priority <= -50 else r.priority, r.service
-        )
-        for r in trace
-    ]
-
-
-def check_targets(
-    shape: str,
-    trace: Sequence[TraceRequest],
-    candidate: SchedulerSettings,
-    loads: Mapping[str, float],
-    label: str | None = None,
-) -> TargetCheck:
-    fifo_settings = SchedulerSettings.create(use="fifo")
-    first = simulate(batch_first(trace), fifo_settings, loads)
-    batch_ids = {r.request_id for r in trace if r.priority <= -50}
-    bound = max((d.wait for d in first.dispatches if d.request_id in batch_ids), default=0.0)
-    return TargetCheck(
-        shape=shape,
-        fifo=simulate(trace, fifo_settings, loads, label="use=fifo"),
-        defaults=simulate(trace, SchedulerSettings(), loads, label="defaults"),
-        candidate=simulate(trace, candidate, loads, label=label),
-        batch_first_max=bound,
-    )
-
-
-def _show(result: SimResult, key: str) -> str:
-    if key == "interactive_p95":
-        return format_duration(result.bands[Band.INTERACTIVE].wait_p95)
-    if key == "batch_max":
-        return format_duration(result.bands[Band.BATCH].wait_max)
-    return str(result.swaps)
-
-
-def format_targets(checks: Sequence[TargetCheck]) -> str:
-    """The targets as a Markdown table (README and BENCHMARKS.md)."""
-    out = [
-        "| trace | measure | fifo | defaults | candidate | candidate / fifo | target | |",
-        "| :-- | :-- | --: | --: | --: | --: | --: | :-- |",
-    ]
-    for check in checks:
-        ratios = check.ratios()
-        rows = [
-            ("interactive wait p95", "interactive_p95"),
-            ("batch wait max", "batch_max"),
-            ("swaps", "swaps"),
-        ]
-        for name, key in rows:
-            target = TARGETS[key]
-            met = "met" if ratios[key] <= target + 1e-9 else "**missed**"
-            out.append(
-                f"| {check.shape} | {name} | {_show(check.fifo, key)} | "
-                f"{_show(check.defaults, key)} | {_show(check.candidate, key)} | "
-                f"{ratios[key]:.2f}x | <= {target:g}x | {met} |"
-            )
-        out.append(
-            f"| {check.shape} | batch wait max, batch before everything (bound) | | | "
-            f"{format_duration(check.batch_first_max)} | "
-            f"{_ratio(check.batch_first_max, check.fifo.bands[Band.BATCH].wait_max):.2f}x | | |"
-        )
-        out.append(
-            f"| {check.shape} | swaps forced (nothing waiting for the loaded model) | "
-            f"{check.fifo.forced_swaps} | {check.defaults.forced_swaps} | "
-            f"{check.candidate.forced_swaps} | "
-            f"{_ratio(check.candidate.forced_swaps, check.fifo.swaps):.2f}x | | |"
-        )
-        out.append(
-            f"| {check.shape} | swaps decided by band (a more urgent band for another model) | "
-            f"{check.fifo.band_swaps} | {check.defaults.band_swaps} | "
-            f"{check.candidate.band_swaps} | "
-            f"{_ratio(check.candidate.band_swaps, check.fifo.swaps):.2f}x | | |"
-        )
-        free = [r.swaps - r.forced_swaps - r.band_swaps for r in (check.fifo, check.defaults, check.candidate)]
-        out.append(
-            f"| {check.shape} | swaps left to the policy's choice | {free[0]} | {free[1]} | "
-            f"{free[2]} | {_ratio(free[2], check.fifo.swaps):.2f}x | | |"
-        )
-    return "\n".join(out)

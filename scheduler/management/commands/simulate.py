@@ -26,7 +26,8 @@ from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.module_loading import import_string
 
 from scheduler.core.policy import SchedulerSettings, SettingsError
-from scheduler.core.replay import from_history, replay_error
+from scheduler.core.replay import from_history, lane_orders, replay_error
+from scheduler.core.settings import assignable_names
 from scheduler.core.simulate import (
     DEFAULT_LOAD_SECONDS,
     GENERATED_LOAD_SECONDS,
@@ -35,17 +36,16 @@ from scheduler.core.simulate import (
     SimResult,
     TraceError,
     TraceRequest,
-    check_targets,
     describe_settings,
     format_duration,
     format_table,
-    format_targets,
     generate_trace,
     load_flags,
     load_trace,
     parse_overrides,
     simulate,
 )
+from scheduler.core.targets import check_targets, format_targets
 
 
 def parse_load(text: str) -> tuple[str, float]:
@@ -107,7 +107,7 @@ def settings_for(overrides: list[str], base: SchedulerSettings) -> SchedulerSett
     try:
         return parse_overrides(overrides, base)
     except SettingsError as exc:
-        raise CommandError(f"bad setting {exc.key}: {exc.reason} (got {exc.value!r})") from None
+        raise CommandError(f"bad setting {exc}") from None
 
 
 class Command(BaseCommand):
@@ -138,7 +138,7 @@ class Command(BaseCommand):
             action="append",
             default=[],
             metavar="NAME=VALUE",
-            help="override a setting: use, agingDivisor, swapAffinityBonus (repeatable)",
+            help=f"override a setting (repeatable): {', '.join(assignable_names())}",
         )
         parser.add_argument(
             "--compare",
@@ -177,6 +177,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--since", metavar="TIME", help="--from-history: first arrival (ISO date or time)"
+        )
+        parser.add_argument(
+            "--config",
+            metavar="FILE",
+            help="--from-history: the config the server ran (its lanes, slots, groups or "
+            "matrix, concurrencyLimit, maxWait, maxQueueDepth, ttl); default LLAMASWAP_CONFIG",
         )
         parser.add_argument(
             "--until", metavar="TIME", help="--from-history: arrivals before (ISO date or time)"
@@ -325,6 +331,7 @@ class Command(BaseCommand):
         current = settings_for(options["set"], current)
         history = from_history(rows, current, default_load)
         measured = {**history.loads, **loads}
+        box = self.box(options["config"])
         replay = simulate(
             history.trace,
             current,
@@ -332,6 +339,7 @@ class Command(BaseCommand):
             default_load,
             label="replay: " + describe_settings(current),
             estimate=options["estimate"],
+            **box,
         )
         results = [history.recorded, replay]
         results += [
@@ -342,6 +350,7 @@ class Command(BaseCommand):
                 default_load,
                 label=v,
                 estimate=options["estimate"],
+                **box,
             )
             for v in options["compare"]
         ]
@@ -354,6 +363,14 @@ class Command(BaseCommand):
                         "skipped_never_dispatched": history.skipped,
                         "loads": measured,
                         "replay_error": error.as_dict(),
+                        "refused": {
+                            "recorded": history.recorded.refused(),
+                            "replayed": replay.refused(),
+                        },
+                        "orders": {
+                            "recorded": lane_orders(history.recorded),
+                            "replayed": lane_orders(replay),
+                        },
                         "results": [r.as_dict() for r in results],
                     },
                     indent=2,
@@ -373,6 +390,23 @@ class Command(BaseCommand):
             f"{error.same_order:.0%} of picks in the same order"
         )
         self.write_estimates(results)
+
+    def box(self, path: str | None) -> dict[str, Any]:
+        """``simulate``'s ``lanes`` and ``rules`` from the config the server ran (none:
+        one lane, the simulator's defaults)."""
+        from django.conf import settings
+
+        from scheduler.config import ConfigError, load_config
+        from scheduler.rules import rules_of
+
+        path = path or getattr(settings, "LLAMASWAP_CONFIG", "")
+        if not path:
+            return {}
+        try:
+            config = load_config(path)
+        except (ConfigError, OSError) as exc:
+            raise CommandError(f"--config {path}: {exc}") from None
+        return {"lanes": dict(config.lane_of), "rules": rules_of(config)}
 
     def read_trace(self, path: Path) -> list[TraceRequest]:
         try:

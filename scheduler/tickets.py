@@ -1,0 +1,191 @@
+"""A request's passage through the dispatcher, as the views and observers see it.
+
+:class:`Ticket` (one request's turn), its :class:`TicketState` and :class:`Outcome`, the
+:class:`Refused` answers (:class:`Overloaded`, :class:`QueueFull`, :class:`WaitExpired`,
+:class:`ShuttingDown`), the :class:`Observer` protocol, and what :meth:`Dispatcher.reload`
+and :meth:`Dispatcher.lanes` report. :mod:`scheduler.dispatcher` re-exports them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from scheduler.config import ModelConfig
+from scheduler.core.admission import Refusal
+from scheduler.core.lanes import DEFAULT_LANE
+from scheduler.core.policy import Decision, SchedulerSettings
+from scheduler.process import ModelState
+
+
+class Refused(Exception):
+    """A request the dispatcher will not serve. ``status`` and ``code`` say how to answer it;
+    ``retry_after`` (seconds) is the estimated time until the queue has room again."""
+
+    status = 503
+    code = "unavailable"
+
+    def __init__(self, message: str, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Overloaded(Refused):
+    """fifo: the ready model already serves ``concurrencyLimit`` requests (HTTP 429)."""
+
+    status = 429
+    code = "too_many_requests"
+
+
+class QueueFull(Refused):
+    """``maxQueueDepth`` requests are already waiting (HTTP 429)."""
+
+    status = 429
+    code = "queue_full"
+
+
+class WaitExpired(Refused):
+    """The request waited longer than its band's ``maxWait`` (HTTP 503)."""
+
+    status = 503
+    code = "queue_wait_exceeded"
+
+
+class ShuttingDown(Refused):
+    """The server is stopping and takes no more work (HTTP 503)."""
+
+    code = "shutting_down"
+
+
+class Outcome(enum.Enum):
+    """How a request's turn ended."""
+
+    COMPLETED = "completed"
+    """The upstream answered (any status) and the answer was relayed."""
+    FAILED = "failed"
+    """The model did not start, the upstream could not be reached, or the stream broke."""
+    CANCELLED_WAITING = "cancelled_waiting"
+    """The client left while the request waited; it was never dispatched."""
+    CANCELLED_RUNNING = "cancelled_running"
+    """The client left while its request was being served."""
+    REJECTED = "rejected"
+    """Refused without waiting (fifo concurrency limit, shutdown)."""
+    QUEUE_FULL = "queue_full"
+    """Refused on arrival: ``maxQueueDepth`` requests were already waiting."""
+    EXPIRED = "expired"
+    """Waited longer than its band's ``maxWait``; never dispatched."""
+
+
+class TicketState(enum.Enum):
+    """Where a request is in its life."""
+
+    WAITING = "waiting"
+    """In the queue."""
+    LOADING = "loading"
+    """Picked; its model is being started."""
+    RUNNING = "running"
+    """Granted; the view is talking to the upstream."""
+    DONE = "done"
+    """Finished, failed or cancelled."""
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One inference request's passage through the dispatcher."""
+
+    request_id: str
+    model: ModelConfig
+    priority: int
+    path: str
+    arrival: float
+    """Monotonic seconds."""
+    arrival_wall: float
+    """Unix seconds, for records."""
+    granted: asyncio.Future[str] = field(repr=False)
+    state: TicketState = TicketState.WAITING
+    decision: Decision | None = None
+    dispatched_at: float | None = None
+    ready_at: float | None = None
+    finished_at: float | None = None
+    swapped: bool = False
+    load_seconds: float | None = None
+    outcome: Outcome | None = None
+    status: int | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Facts the proxy learns while relaying (usage, timings), for records."""
+    guard: weakref.ref[Any] | None = field(default=None, repr=False)
+    """A weak reference to its owner whose callback ends the ticket should the owner be
+    collected first (see :meth:`Dispatcher.submit`); dropped (``None``) once it ends."""
+    api_key: str = ""
+    """The name of the API key it came with (never the key); empty without keys."""
+    requested_priority: int | None = None
+    """What the caller asked for, when its key's ceiling cut it to ``priority``."""
+    generation: int = 0
+    """Which start of its model it was granted to (see :meth:`Dispatcher.resend`)."""
+    resent: bool = False
+    """It was granted once more after its model turned out dead at grant."""
+    lane: str = DEFAULT_LANE
+    """The lane (GPU) its model is on."""
+
+    async def wait(self) -> str:
+        """Wait for this request's turn; returns the upstream base URL.
+
+        Raises :class:`ModelStartError` or a :class:`Refused` (:class:`Overloaded`,
+        :class:`QueueFull`, :class:`WaitExpired`, :class:`ShuttingDown`). Whoever submitted
+        the ticket must end it (:meth:`Dispatcher.finish` or :meth:`Dispatcher.cancel`) on
+        every path: ``proxy.turn.Turn`` does that for the proxy.
+        """
+        return await asyncio.shield(self.granted)
+
+
+class Observer(Protocol):
+    """Something that watches the dispatcher (metrics, records, dashboard).
+
+    Called synchronously from the dispatcher task: must be cheap and must not block
+    (no database writes; hand work to a background task instead).
+    """
+
+    def on_enqueue(self, ticket: Ticket) -> None: ...
+    def on_dispatch(self, ticket: Ticket) -> None: ...
+    def on_finish(self, ticket: Ticket) -> None: ...
+    def on_model_state(self, model: str, state: ModelState) -> None: ...
+    def on_settings(self, settings: SchedulerSettings, source: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class ReloadReport:
+    """What a reload changed (model ids)."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    """Served what they had waiting, then stopped."""
+    changed: tuple[str, ...] = ()
+    """Restarted with the new definition: stopped once idle, started by their next request."""
+    kept: tuple[str, ...] = ()
+    """Unchanged: a loaded one keeps running (same process)."""
+
+
+@dataclass(frozen=True)
+class LaneView:
+    """A lane as :meth:`Dispatcher.lanes` reports it."""
+
+    name: str
+    models: tuple[str, ...]
+    """Every model configured on the lane."""
+    loaded: dict[str, ModelState]
+    """Models started or starting on it."""
+    running: list[Ticket]
+    waiting: int
+
+
+def refusal_answer(kind: Refusal, message: str, retry_after: int | None) -> tuple[Refused, Outcome]:
+    """The error a view answers for a strategy's refusal, and the ticket's outcome."""
+    if kind is Refusal.OVERLOADED:
+        return Overloaded(message, retry_after), Outcome.REJECTED
+    if kind is Refusal.QUEUE_FULL:
+        return QueueFull(message, retry_after), Outcome.QUEUE_FULL
+    return WaitExpired(message, retry_after), Outcome.EXPIRED
