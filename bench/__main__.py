@@ -17,6 +17,8 @@ MODULES = [
     "bench.bench_proxy",
     "bench.bench_overload",
     "bench.bench_journal",
+    "bench.bench_swap",
+    "bench.bench_versus",
 ]
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"

@@ -255,7 +255,14 @@ class Proc:
     """A server as a subprocess in a session of its own, pinned to ``cpu``, its output in
     ``log``; ready once ``GET path`` answers 200."""
 
-    def __init__(self, cmd: list[str], port: int, cpu: int | None, log: Path) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        port: int,
+        cpu: int | None,
+        log: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = port
         self.log_path = log
         if cpu is not None:
@@ -264,7 +271,7 @@ class Proc:
         self.proc = subprocess.Popen(
             cmd,
             cwd=ROOT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

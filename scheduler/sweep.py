@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -269,6 +269,7 @@ def kill_and_wait(
     groups: Mapping[int, int | None],
     markers: Iterable[bytes],
     deadline: float,
+    pids: Callable[[], list[int]] | None = None,
 ) -> tuple[list[_Target], list[_Target]]:
     """SIGKILL every running process in ``groups`` (pgid -> leader start time, or None for a
     leader already reaped) or whose environment has one of ``markers``; wait, until
@@ -276,6 +277,7 @@ def kill_and_wait(
 
     A group counts only while its pgid is not someone else's: no process has that pid, or
     the recorded leader does. Returns ``(killed, still running)``. Runs in a thread.
+    ``pids`` lists the processes to look at, each time round (default: every process).
     """
     markers = frozenset(markers)
     me = os.getpid()
@@ -292,7 +294,7 @@ def kill_and_wait(
     killed: dict[tuple[int, int], _Target] = {}
     while True:
         found: list[_Target] = []
-        for pid in _pids():
+        for pid in (pids or _pids)():
             if pid in spare:
                 continue
             stat = proc_stat(pid)
