@@ -16,6 +16,8 @@ from collections.abc import Iterable
 
 from scheduler.config import ModelConfig
 from scheduler.core.admission import (
+    abandons,
+    start_for,
     ttl_due,
 )
 from scheduler.dispatch_state import (
@@ -238,7 +240,7 @@ class Loads(DispatcherBase):
             self._grant(ticket)  # started afresh since this ticket's grant
             return
         ticket.swapped = True
-        self._begin_swap(lane, ticket.model)
+        self._begin_swap(lane, ticket.model, start_for(lane, self._rules, model).evict)
 
     def _on_suspect(self, event: Suspect) -> None:
         lane = self._lanes[event.lane]
@@ -328,12 +330,10 @@ class Loads(DispatcherBase):
     def _maybe_abandon_load(self, lane: DispatchLane, model: str) -> None:
         """A load whose waiters all left is given up when other work waits on its lane;
         otherwise it completes and leaves the model loaded for whoever is next."""
-        if lane.swapping != model or lane.swap_aborted:
+        if lane.swap_aborted:
             return
-        if any(t.state is TicketState.LOADING for t in lane.running.get(model, ())):
-            return
-        queue = self._queue.lane(lane.name)
-        if not queue or queue.waiting_for(model):
+        waiters = sum(t.state is TicketState.LOADING for t in lane.running.get(model, ()))
+        if not abandons(lane, self._queue, model, waiters):
             return
         log.info("load abandoned: its requests left and other work waits", extra={"model": model})
         self._abort_load(lane)

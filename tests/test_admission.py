@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.core.admission import (
+    Abort,
     Dispatch,
     ModelRules,
     Refusal,
@@ -47,9 +48,8 @@ class Recorder:
     def ready(self, now: float, model: str, lane: str = "default") -> list[MachineEffect]:
         return self.take(self.m.ready(now, lane, model)) + self.decide(now)
 
-    def finish(self, now: float, rid: str) -> list[MachineEffect]:
-        self.m.finish(now, rid)
-        return self.decide(now)
+    def finish(self, now: float, rid: str, completed: bool = True) -> list[MachineEffect]:
+        return self.take(self.m.finish(now, rid, completed)) + self.decide(now)
 
     def tick(self, now: float) -> list[MachineEffect]:
         return self.take(self.m.tick(now)) + self.decide(now)
@@ -144,6 +144,73 @@ def test_a_load_nobody_waits_for_settles_before_the_next_pick():
     r.m.finish(0.5, "a1")  # its client left during the load
     assert turns(r.arrive(1, "b1", "b")) == []  # the load in progress settles first
     assert turns(r.ready(2, "a")) == ["b1"]
+
+
+def test_a_load_whose_waiters_all_left_is_given_up_when_other_work_waits():
+    r = machine()
+    r.arrive(0, "a1", "a")
+    r.arrive(1, "b1", "b")  # waits behind a's load
+    left = r.finish(2, "a1", completed=False)
+    assert [e for e in left if isinstance(e, Abort)] == [Abort("default", "a")]
+    assert turns(left) == []  # the lane is free once the stopped load is gone
+    r.m.aborted(2.5, "default", "a")
+    after = r.decide(2.5)
+    assert turns(after) == ["b1"] and starts(after) == [("b", ())]  # a never became loaded
+
+
+def test_a_load_is_kept_while_a_request_still_waits_for_it():
+    r = machine()
+    r.arrive(0, "a1", "a")
+    r.arrive(0.5, "a2", "a")
+    r.arrive(1, "b1", "b")
+    assert not any(isinstance(e, Abort) for e in r.finish(2, "a1", completed=False))
+    ready = r.ready(3, "a")  # the load completed: a2 is picked for it (affinity)
+    assert turns(ready) == ["a2"] and grants(ready) == ["a2"] and starts(ready) == []
+
+
+def test_a_resent_turn_restarts_its_dead_model_and_is_granted_again():
+    r = machine()
+    r.arrive(0, "a1", "a")
+    assert grants(r.ready(1, "a")) == ["a1"]
+    r.arrive(1.5, "b1", "b")
+    resent = r.take(r.m.resend(2, "a1"))
+    assert starts(resent) == [("a", ("a",))]  # its dead process among the stopped
+    assert r.m.lanes["default"].swapping == "a"
+    assert turns(r.decide(2)) == []  # still a1's turn: b1 waits
+    assert grants(r.ready(3, "a")) == ["a1"]
+    assert r.m.resend(3.5, "b1") == []  # not granted: nothing to resend
+
+
+def test_a_resent_turn_joins_its_models_load_in_progress():
+    r = machine(SchedulerSettings(), models={"a": ModelRules(slots=2)})
+    r.arrive(0, "a1", "a")
+    r.ready(1, "a")
+    r.arrive(1.5, "a2", "a")  # a second slot
+    starts_a = r.take(r.m.resend(2, "a1"))
+    assert starts(starts_a) == [("a", ("a",))]
+    assert r.take(r.m.resend(2.1, "a2")) == []  # joins the restart
+    assert sorted(grants(r.ready(3, "a"))) == ["a1", "a2"]
+
+
+def test_a_reloaded_model_takes_no_new_turn_and_stops_when_its_turns_end():
+    r = machine(models={"a": ModelRules(slots=2)})
+    r.arrive(0, "a1", "a")
+    r.ready(1, "a")
+    assert r.take(r.m.reload(2, ["a"])) == []  # a1 still runs on it
+    assert turns(r.arrive(3, "a2", "a")) == []  # no second slot on a changed model
+    ended = r.finish(4, "a1")
+    assert [e for e in ended if isinstance(e, Stop)] == [Stop("default", "a", "reload")]
+    assert turns(ended) == ["a2"] and starts(ended) == [("a", ())]  # a fresh start
+    assert grants(r.ready(5, "a")) == ["a2"]
+
+
+def test_reloading_an_idle_model_stops_it_at_once():
+    r = machine()
+    r.arrive(0, "a1", "a")
+    r.ready(1, "a")
+    r.finish(2, "a1")
+    assert r.take(r.m.reload(3, ["a", "zzz"])) == [Stop("default", "a", "reload")]
+    assert r.m.lanes["default"].loaded() == []
 
 
 # -- fifo ----------------------------------------------------------------------------------

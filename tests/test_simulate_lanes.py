@@ -105,7 +105,7 @@ def test_every_swap_is_classified_forced_by_band_or_the_policys_choice():
 
 def test_the_config_rules_replay_groups_bounds_and_fifo_limits_as_the_server_runs_them():
     # What the simulator used to leave out (issue 20): the router, maxWait, concurrencyLimit.
-    from scheduler.core.admission import ModelRules, Rules
+    from scheduler.core.admission import ModelRules, Refusal, Rules
     from scheduler.core.swapper import Group, GroupSwapper
 
     trace = [req("a1", 0, "a"), req("b1", 20, "b"), req("a2", 40, "a"), req("b2", 60, "b")]
@@ -122,5 +122,21 @@ def test_the_config_rules_replay_groups_bounds_and_fifo_limits_as_the_server_run
     burst = [req(f"r{i}", 0, "a", 0, 10) for i in range(4)]
     limits = Rules(models={"a": ModelRules(concurrency_limit=2)})
     fifo = simulate(burst, SchedulerSettings.create(use="fifo"), {"a": 0}, rules=limits)
-    # The first starts the model, the second joins the load; the rest wait for a slot.
-    assert [d.start for d in fifo.dispatches] == [0, 0, 10, 10]
+    # The first starts the model, the second joins the load; as llama-swap's admission,
+    # the limit counts waiting requests too: the rest of the burst is refused (429).
+    assert [d.start for d in fifo.dispatches] == [0, 0]
+    assert fifo.refused() == {Refusal.OVERLOADED.value: 2}
+
+
+def test_a_load_whose_client_left_is_given_up_for_the_next_request_as_the_server_does():
+    trace = [
+        TraceRequest("a1", 0, "a", 0, 10.0, gone=2.0),  # leaves during its 30 s load
+        req("b1", 1, "b"),
+        req("b2", 50, "b"),
+    ]
+    result = simulate(trace, SETTINGS, {"a": 30, "b": 5})
+    b1 = next(d for d in result.dispatches if d.request_id == "b1")
+    assert b1.start == 2.0 and b1.finish == 17.0  # not 30 s later, behind a's load
+    assert [d.request_id for d in result.dispatches] == ["a1", "b1", "b2"]
+    b2 = result.dispatches[-1]
+    assert (b2.start, b2.swap) == (50, False)  # b stayed loaded: a never was

@@ -148,11 +148,20 @@ class Stop:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Give up the load of ``model`` on ``lane`` (:func:`abandons`): its process is
+    stopped and the lane is free once it is gone."""
+
+    lane: str
+    model: str
+
+
 class Refusal(enum.Enum):
     """Why a request is answered without its turn."""
 
     OVERLOADED = "overloaded"
-    """fifo: the ready model serves its ``concurrencyLimit`` (429)."""
+    """fifo: the model holds its ``concurrencyLimit`` requests, waiting or served (429)."""
     QUEUE_FULL = "queue_full"
     """``maxQueueDepth`` requests wait already (429)."""
     EXPIRED = "expired"
@@ -171,7 +180,7 @@ class Refuse:
     retry_after: int | None = None
 
 
-Effect = Dispatch | Start | Stop | Refuse
+Effect = Dispatch | Start | Stop | Refuse | Abort
 
 
 # -- shared arithmetic ---------------------------------------------------------------------
@@ -199,6 +208,8 @@ class SerialStrategy:
     it swaps, and a swap is part of the picked request's turn."""
 
     use = Policy.SERIAL
+    refuses = False
+    """Whether :meth:`refuse` can refuse (the machine skips asking otherwise)."""
 
     def refuse(
         self, lane: LaneState, queues: LaneQueues, rules: Rules, request: QueuedRequest
@@ -226,27 +237,40 @@ class SerialStrategy:
                 effects.append(Dispatch(lane.name, decision))
         return effects
 
+    def settled(self, lane: LaneState, rules: Rules) -> bool:
+        """Whether :meth:`dispatch` returns nothing until something other than an
+        arrival happens on the lane: a load runs with no turn, or the running model takes
+        no more turns (one slot, its slots full, or stale)."""
+        busy = lane.busy()
+        if busy == 0:
+            return lane.swapping is not None
+        model = next(iter(lane.running))
+        slots = rules.of(model).slots
+        return slots <= 1 or busy >= slots or model in lane.stale
+
 
 class FifoStrategy:
     """llama-swap's: requests for a ready model go at once up to its
-    ``concurrencyLimit`` (beyond it a 429); the first request for any other model starts
-    a swap once every model that swap would stop is idle (a busy model is never stopped)."""
+    ``concurrencyLimit``; the first request for any other model starts a swap once every
+    model that swap would stop is idle (a busy model is never stopped). A model's limit
+    counts its requests waiting and served together, as llama-swap's admission does: one
+    more is refused at once (a 429), so a burst while it loads is cut at the limit too."""
 
     use = Policy.FIFO
+    refuses = True
 
     def refuse(
         self, lane: LaneState, queues: LaneQueues, rules: Rules, request: QueuedRequest
     ) -> Refuse | None:
         model = request.model
-        if not lane.ready(model) or queues.waiting_for(model):
-            return None
         limit = rules.of(model).concurrency_limit
-        if len(lane.running.get(model, ())) < limit:
+        held = len(lane.running.get(model, ())) + queues.waiting_for(model)
+        if held < limit:
             return None
         return Refuse(
             request.request_id,
             Refusal.OVERLOADED,
-            f"model {model!r} is serving its concurrencyLimit ({limit}) requests",
+            f"model {model!r} has its concurrencyLimit ({limit}) requests waiting or served",
             1,
         )
 
@@ -280,6 +304,18 @@ class FifoStrategy:
             _turn(lane, rules, decision, effects)
         return effects
 
+    def settled(self, lane: LaneState, rules: Rules) -> bool:
+        """Whether :meth:`dispatch` returns nothing until something other than an
+        arrival happens on the lane: a swap is under way and every ready model serves
+        its ``concurrencyLimit``."""
+        if lane.swapping is None:
+            return False
+        return all(
+            len(lane.running.get(m, ())) >= rules.of(m).concurrency_limit
+            for m in lane.loaded()
+            if lane.ready(m)
+        )
+
 
 Strategy = SerialStrategy | FifoStrategy
 STRATEGIES: Mapping[Policy, Strategy] = MappingProxyType(
@@ -293,12 +329,30 @@ def _turn(lane: LaneState, rules: Rules, decision: Decision, effects: list[Effec
     if lane.ready(model) or lane.swapping == model:
         effects.append(Dispatch(lane.name, decision))
         return
+    effects.append(Dispatch(lane.name, decision, starts_load=True))
+    effects.append(start_for(lane, rules, model))
+
+
+def start_for(lane: LaneState, rules: Rules, model: str) -> Start:
+    """Start ``model`` on its lane, evicting what the router says cannot stay beside it,
+    and its own process if it has one (dead at grant, see resend, or its definition
+    changed: restarted)."""
     loaded = lane.loaded()
     evict = tuple(m for m in rules.evict(model, loaded) if m != model)
-    if model in loaded:  # dead at grant, or its definition changed: restarted
+    if model in loaded:
         evict += (model,)
-    effects.append(Dispatch(lane.name, decision, starts_load=True))
-    effects.append(Start(lane.name, model, evict))
+    return Start(lane.name, model, evict)
+
+
+def abandons(lane: LaneState, queues: LaneQueues, model: str, waiters: int) -> bool:
+    """Whether the load of ``model`` is given up (:class:`Abort`) when a turn waiting for
+    it leaves and ``waiters`` turns still wait for it: only when none does and other work
+    waits on its lane; otherwise it completes and leaves the model loaded for whoever is
+    next."""
+    if lane.swapping != model or waiters:
+        return False
+    queue = queues.lane(lane.name)
+    return bool(queue) and not queue.waiting_for(model)
 
 
 # -- arrival and the bounds ----------------------------------------------------------------
@@ -413,6 +467,10 @@ class Cooldowns:
 
     def clear(self, model: str) -> None:
         self._until.pop(model, None)
+
+    def __bool__(self) -> bool:
+        """Whether any model is cooling down (or was, until asked)."""
+        return bool(self._until)
 
     def refuse(self, request: QueuedRequest, now: float) -> Refuse | None:
         if not self._until:

@@ -28,8 +28,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from scheduler.core.admission import Abort, ModelRules, Refusal, Refuse, Rules, Start
 from scheduler.core.admission import Dispatch as AdmitDispatch
-from scheduler.core.admission import ModelRules, Refusal, Refuse, Rules, Start
 from scheduler.core.estimate import (
     ArrivalRates,
     EstimateError,
@@ -324,6 +324,8 @@ class _Run:
         self.means = RunningMeans()
         self.rates = ArrivalRates()
         self.estimates: list[tuple[str, float, float]] = []
+        self.loading: dict[str, int] = {}
+        """Lane -> the event of its load in progress (an aborted load's never comes)."""
         self.starting: dict[str, Decision] = {}
         """Lane -> the decision whose turn starts the lane's next load."""
 
@@ -352,53 +354,88 @@ class _Run:
 
     def drive(self) -> None:
         trace, machine, events = self.trace, self.machine, self.events
+        pop, push, apply = heapq.heappop, self.push, self.apply
+        arrive, decide, finish = machine.arrive, machine.decide, machine.finish
+        by_id, add_rate = self.by_id, self.rates.add
+        timed = machine.timed
         n, i = len(trace), 0
         armed: float | None = None
         while i < n or events:
             now = events[0][0] if events else math.inf
             if i < n and trace[i].arrival < now:
                 now = trace[i].arrival
+            changed = False  # whether a lane's turns or load may have changed (busy time)
             while events and events[0][0] <= now:
-                _, kind, _, a, b = heapq.heappop(events)
+                _, kind, seq, a, b = pop(events)
+                changed = True
                 if kind == _FINISH:
-                    machine.finish(now, a)
+                    effects = finish(now, a)
+                    if effects:
+                        apply(now, effects)
                 elif kind == _READY:
-                    self.apply(now, machine.ready(now, a, b))
+                    if self.loading.get(a) == seq:
+                        del self.loading[a]
+                        apply(now, machine.ready(now, a, b))
                 elif kind == _GONE:
-                    machine.finish(now, a, completed=False)
+                    effects = finish(now, a, completed=False)
+                    if effects:
+                        apply(now, effects)
                 else:
                     armed = None
-                    self.apply(now, machine.tick(now))
+                    apply(now, machine.tick(now))
             while i < n and trace[i].arrival <= now:
                 r = trace[i]
                 i += 1
-                self.by_id[r.request_id] = r
+                by_id[r.request_id] = r
                 request = QueuedRequest(r.request_id, r.model, r.priority, r.arrival)
-                self.rates.add(request.band, r.arrival)
-                refused = machine.arrive(now, request)
+                add_rate(request.band, r.arrival)
+                refused = arrive(now, request)
                 if refused:
-                    self.apply(now, refused)
+                    apply(now, refused)
                 if r.gone is not None:
-                    self.push(r.gone, _GONE, r.request_id)
+                    push(r.gone, _GONE, r.request_id)
             if self.estimate:
                 self.guess(now)
-            effects = machine.decide(now)
+            effects = decide(now)
             if effects:
-                self.apply(now, effects)
-            deadline = machine.deadline()
-            if deadline is not None and (armed is None or deadline < armed):
-                armed = deadline
-                self.push(max(deadline, now), _TICK, "")
-            self.account(now)
+                apply(now, effects)
+                changed = True
+            if timed:
+                deadline = machine.deadline()
+                if deadline is not None and (armed is None or deadline < armed):
+                    armed = deadline
+                    push(max(deadline, now), _TICK, "")
+            if changed:
+                self.account(now)
+            if (
+                i < n
+                and not timed
+                and (not events or trace[i].arrival < events[0][0])
+                and machine.settled()
+            ):
+                # No lane can take an arrival before the next event: take them in one go.
+                while i < n and (not events or trace[i].arrival < events[0][0]):
+                    r = trace[i]
+                    i += 1
+                    by_id[r.request_id] = r
+                    request = QueuedRequest(r.request_id, r.model, r.priority, r.arrival)
+                    add_rate(request.band, r.arrival)
+                    refused = arrive(r.arrival, request)
+                    if refused:
+                        apply(r.arrival, refused)
+                    if r.gone is not None:
+                        push(r.gone, _GONE, r.request_id)
 
     def apply(self, now: float, effects: list[MachineEffect]) -> None:
         for effect in effects:
-            if isinstance(effect, Grant):
-                rid = effect.request_id
+            kind = type(effect)
+            if kind is Grant:
+                rid = effect.request_id  # type: ignore[union-attr]
                 finish = now + self.by_id[rid].service
                 self.finishes[rid] = finish
                 self.push(finish, _FINISH, rid)
-            elif isinstance(effect, AdmitDispatch):
+            elif kind is AdmitDispatch:
+                assert isinstance(effect, AdmitDispatch)
                 decision = effect.decision
                 job = self.by_id[decision.request_id]
                 for term in decision.reordered_by:
@@ -407,12 +444,19 @@ class _Run:
                 self.means.add_service(job.model, job.service, decision.band)
                 if effect.starts_load:
                     self.starting[effect.lane] = decision
-            elif isinstance(effect, Start):
+            elif kind is Start:
+                assert isinstance(effect, Start)
                 load = self.loads.get(effect.model, self.default_load)
                 self.means.add_load(effect.model, load)
                 self.count_swap(effect)
                 self.push(now + load, _READY, effect.lane, effect.model)
-            elif isinstance(effect, Refuse):
+                self.loading[effect.lane] = self.seq
+            elif kind is Abort:
+                assert isinstance(effect, Abort)  # the load stops at once
+                self.loading.pop(effect.lane, None)
+                self.machine.aborted(now, effect.lane, effect.model)
+            elif kind is Refuse:
+                assert isinstance(effect, Refuse)
                 self.refusals.append((effect.request_id, effect.kind))
 
     def count_swap(self, start: Start) -> None:
@@ -421,14 +465,17 @@ class _Run:
         decision = self.starting.pop(start.lane, None)
         if decision is None:
             return
-        lane = self.machine.lanes[start.lane]
-        queue = self.machine.queues.lane(start.lane)
-        before = [*start.evict, *(m for m in lane.models if m != start.model)]
-        heads = [r for r in map(queue.most_urgent_for, before) if r is not None]
-        mine = min(heads, key=lambda r: BAND_RANK[r.band], default=None)
+        most_urgent_for = self.machine.queues.lane(start.lane).most_urgent_for
+        mine: int | None = None  # the best band rank waiting for a model loaded before
+        models = self.machine.lanes[start.lane].models
+        for model in (*start.evict, *(m for m in models if m != start.model)):
+            head = most_urgent_for(model)
+            if head is not None:
+                rank = BAND_RANK[head.band]
+                mine = rank if mine is None or rank < mine else mine
         if mine is None:
             self.forced += 1
-        elif BAND_RANK[decision.band] < BAND_RANK[mine.band]:
+        elif BAND_RANK[decision.band] < mine:
             self.band_swaps += 1
 
     def account(self, now: float) -> None:
