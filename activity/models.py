@@ -19,6 +19,23 @@ RecordOutcome = models.TextChoices(
     "RecordOutcome", [(outcome.name, outcome.value) for outcome in Outcome]
 )
 
+_WORDS = {
+    "cancelled_waiting": "cancelled while waiting",
+    "cancelled_running": "cancelled while running",
+    "queue_full": "refused: queue full",
+    "expired": "expired while waiting",
+}
+OUTCOME_WORDS: dict[str, str] = {
+    o.value: _WORDS.get(o.value, o.value.replace("_", " ")) for o in Outcome
+}
+"""Each outcome in words, for people (the history page, its filter, the API's
+``outcome_text``); the code stays the stored and filtered value."""
+
+
+def outcome_words(code: str) -> str:
+    """``cancelled_waiting`` -> "cancelled while waiting"; an unknown code as it is."""
+    return OUTCOME_WORDS.get(code, code)
+
 
 class RequestRecord(models.Model):
     """One inference request, its scheduling decision and what the upstream reported."""
@@ -100,6 +117,8 @@ class RequestRecord(models.Model):
             models.Index(fields=("dispatched_at",), name="record_dispatched"),
             models.Index(fields=("model", "arrived_at"), name="record_model_arrived"),
             models.Index(fields=("band", "arrived_at"), name="record_band_arrived"),
+            models.Index(fields=("outcome", "arrived_at"), name="record_outcome_arrived"),
+            models.Index(fields=("lane", "arrived_at"), name="record_lane_arrived"),
         )
 
     def __str__(self) -> str:

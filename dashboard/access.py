@@ -36,6 +36,11 @@ async def api_refusal(request: HttpRequest) -> HttpResponse | None:
     return None if user.is_authenticated else login_required_response()
 
 
+def is_staff(user: Any) -> bool:
+    """An active staff member (every scope: the control pages' buttons, the logs)."""
+    return bool(getattr(user, "is_active", False) and getattr(user, "is_staff", False))
+
+
 def login_needed(request: HttpRequest, user: Any) -> bool:
     return not user.is_authenticated and login_required()
 

@@ -22,9 +22,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from activity.models import RequestRecord
+from activity.models import RequestRecord, outcome_words
 from dashboard.access import api_refusal
 from scheduler.core.priority import BANDS
+from web import captures
 from web.errors import echo, error_response
 
 DEFAULT_LIMIT = 100
@@ -85,13 +86,47 @@ def _int_param(request: HttpRequest, name: str, default: int, low: int, high: in
     return value
 
 
-def activity_row(r: RequestRecord) -> dict[str, Any]:
-    """One row of ``/api/metrics/activity``; token fields use llama-swap's names."""
+def _tokens(r: RequestRecord) -> dict[str, Any]:
+    """llama-swap's nested ``tokens`` of an activity row: -1 where the model said nothing."""
+    timings = r.timings if isinstance(r.timings, dict) else {}
+
+    def known(value: Any) -> Any:
+        return -1 if value is None else value
+
+    draft = timings.get("draft_n")
+    accepted = timings.get("draft_n_accepted")
+    has_draft = isinstance(draft, int) and isinstance(accepted, int)
     return {
+        "cache_tokens": known(r.cached_tokens),
+        "draft_tokens": draft if has_draft else -1,
+        "draft_acc_tokens": accepted if has_draft else -1,
+        "input_tokens": r.prompt_tokens or 0,
+        "output_tokens": r.completion_tokens or 0,
+        "prompt_per_second": known(r.prompt_per_second),
+        "tokens_per_second": known(r.tokens_per_second),
+    }
+
+
+def activity_row(r: RequestRecord) -> dict[str, Any]:
+    """One row of ``/api/metrics/activity``: llama-swap's keys (``req_path``,
+    ``resp_status_code``, ``resp_content_type``, nested ``tokens``, ``has_capture``,
+    ``error_msg``), then ours (docs/llama-swap-compat.md: the flat token fields, ``path``,
+    ``status`` and the scheduler's facts)."""
+    row: dict[str, Any] = {
         "id": r.id,
-        "request_id": r.request_id,
         "timestamp": _iso(r.arrived_at),
         "model": r.model,
+        "req_path": r.path,
+        "resp_content_type": "",
+        "resp_status_code": r.status or 0,
+        "tokens": _tokens(r),
+        "duration_ms": r.duration_ms,
+        "has_capture": captures.has(r.request_id),
+    }
+    if r.error:
+        row["error_msg"] = r.error
+    return row | {
+        "request_id": r.request_id,
         "requested_model": r.requested_model,
         "peer": r.peer,
         "path": r.path,
@@ -102,11 +137,11 @@ def activity_row(r: RequestRecord) -> dict[str, Any]:
         "policy": r.policy,
         "lane": r.lane,
         "outcome": r.outcome,
+        "outcome_text": outcome_words(r.outcome),
         "status": r.status,
         "arrived_at": _iso(r.arrived_at),
         "dispatched_at": _iso(r.dispatched_at),
         "finished_at": _iso(r.finished_at),
-        "duration_ms": r.duration_ms,
         "queue_wait_ms": r.queue_wait_ms,
         "load_ms": r.load_ms,
         "swapped": bool(r.needs_swap),
@@ -176,8 +211,29 @@ def _text_params(request: HttpRequest, *names: str) -> None:
             raise BadParameter(name, f"{name} must not contain NUL characters")
 
 
+SORT_COLUMNS = {
+    "id": "id",
+    "time": "arrived_at",
+    "model": "model",
+    "req_path": "path",
+    "resp_status_code": "status",
+    "cached": "cached_tokens",
+    "prompt": "prompt_tokens",
+    "generated": "completion_tokens",
+    "prompt_speed": "prompt_per_second",
+    "gen_speed": "tokens_per_second",
+    "duration": "duration_ms",
+}
+"""llama-swap's ``sort`` keys (its UI's column ids) -> our columns. Its
+``resp_content_type`` and ``drafted`` are not stored here: 400, as an unknown key."""
+MAX_MODELS = 100
+"""Most ``model`` parameters one query may repeat."""
+
+
 async def activity(request: HttpRequest) -> HttpResponse:
-    """GET /api/metrics/activity?model=&band=&start=&end=&request_id=&api_key=&limit=&page="""
+    """GET /api/metrics/activity: llama-swap's parameters (``model`` repeatable,
+    ``start``/``end``, ``min_id``/``max_id``, ``limit``, ``page``, ``sort``, ``order``)
+    and ours (``band``, ``request_id``, ``api_key``). Without ``sort``: newest first."""
     if (refusal := await api_refusal(request)) is not None:
         return refusal
     params = request.GET
@@ -186,15 +242,36 @@ async def activity(request: HttpRequest) -> HttpResponse:
         page = _int_param(request, "page", 1, 1, 10**9)
         start = _when("start", params.get("start", ""))
         end = _when("end", params.get("end", ""), end=True)
+        if start is not None and end is not None and start > end:
+            raise BadParameter("start", "start must be before end")
+        min_id = _int_param(request, "min_id", 0, 1, 2**63 - 1)
+        max_id = _int_param(request, "max_id", 0, 1, 2**63 - 1)
+        if min_id and max_id and min_id > max_id:
+            raise BadParameter("min_id", "min_id must be <= max_id")
+        sort = params.get("sort", "").strip()
+        if sort and sort not in SORT_COLUMNS:
+            raise BadParameter("sort", f"sort must be one of {', '.join(SORT_COLUMNS)}, got {echo(sort)}")
+        order = params.get("order", "").strip().lower()
+        if order not in ("", "asc", "desc"):
+            raise BadParameter("order", f"order must be asc or desc, got {echo(order)}")
         band = params.get("band", "").strip()
         if band and band not in {b.value for b in BANDS}:
             raise BadParameter("band", f"band must be interactive, normal or batch, got {echo(band)}")
-        _text_params(request, "model", "request_id", "api_key")
+        _text_params(request, "request_id", "api_key")
+        models = [m.strip() for m in params.getlist("model") if m.strip()]
+        if any("\x00" in m for m in models):
+            raise BadParameter("model", "model must not contain NUL characters")
+        if len(models) > MAX_MODELS:
+            raise BadParameter("model", f"at most {MAX_MODELS} model parameters")
     except BadParameter as exc:
         return error_response(400, str(exc), code="invalid_parameter", param=exc.param)
     rows = RequestRecord.objects.all()
-    if model := params.get("model", "").strip():
-        rows = rows.filter(model=model)
+    if models:
+        rows = rows.filter(model__in=models)
+    if min_id:
+        rows = rows.filter(id__gte=min_id)
+    if max_id:
+        rows = rows.filter(id__lte=max_id)
     if band:
         rows = rows.filter(band=band)
     if request_id := params.get("request_id", "").strip():
@@ -207,16 +284,21 @@ async def activity(request: HttpRequest) -> HttpResponse:
         rows = rows.filter(arrived_at__lte=end)
     total = await rows.acount()
     offset = (page - 1) * limit
-    data = [
-        activity_row(r) async for r in rows.order_by("-arrived_at", "-id")[offset : offset + limit]
-    ]
+    if sort or order:
+        sign = "" if order == "asc" else "-"
+        ordering = [sign + SORT_COLUMNS[sort or "id"], sign + "id"]
+    else:
+        ordering = ["-arrived_at", "-id"]
+    data = [activity_row(r) async for r in rows.order_by(*ordering)[offset : offset + limit]]
+    pages = math.ceil(total / limit)
     return JsonResponse(
         {
             "data": data,
             "page": page,
             "limit": limit,
             "total": total,
-            "pages": math.ceil(total / limit),
+            "total_pages": pages,
+            "pages": pages,
             "has_more": offset + len(data) < total,
         }
     )
@@ -257,3 +339,105 @@ async def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
         "dispatched_while_waiting_total": went_total,
     }
     return JsonResponse(body)
+
+
+async def capture(request: HttpRequest, capture_id: str) -> HttpResponse:
+    """GET /api/captures/{id}: a request's capture (``captureBuffer``, web/captures.py),
+    by its activity row's id (llama-swap's) or its request id. 404 when none is kept."""
+    if (refusal := await api_refusal(request)) is not None:
+        return refusal
+    row_id: int | None = None
+    request_id = capture_id
+    if capture_id.isdigit() and len(capture_id) < 19:
+        row_id = int(capture_id)
+        found = await RequestRecord.objects.filter(pk=row_id).values_list("request_id").afirst()
+        request_id = found[0] if found else ""
+    kept = captures.store.get(request_id) if request_id else None
+    if kept is None:
+        return error_response(
+            404, f"capture {echo(capture_id)} not found", code="capture_not_found"
+        )
+    if row_id is None and "\x00" not in request_id:  # PostgreSQL refuses NUL in a compare
+        found = await RequestRecord.objects.filter(request_id=request_id).values_list("id").afirst()
+        row_id = found[0] if found else None
+    return JsonResponse(kept.as_json(row_id))
+
+
+STATS_MAX_ROWS = 100_000
+"""Most rows (the newest) whose speeds the histograms of ``/api/metrics/stats`` read."""
+
+
+def histogram(values: list[float]) -> dict[str, Any] | None:
+    """llama-swap's histogram of speeds: 5 to 20 bins (Sturges), min, max, bin size and
+    the 50th, 95th and 99th percentiles (linear between ranks); None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    low, high = ordered[0], ordered[-1]
+
+    def percentile(p: float) -> float:
+        rank = p / 100 * (len(ordered) - 1)
+        lower, upper = math.floor(rank), math.ceil(rank)
+        return ordered[lower] + (rank - lower) * (ordered[upper] - ordered[lower])
+
+    out: dict[str, Any] = {
+        "bins": [len(values)],
+        "min": low,
+        "max": high,
+        "binSize": 0,
+        "p50": percentile(50),
+        "p95": percentile(95),
+        "p99": percentile(99),
+    }
+    if low == high:
+        return out
+    count = min(20, max(5, math.ceil(math.log2(len(values))) + 1))
+    size = (high - low) / count
+    bins = [0] * count
+    for value in values:
+        bins[min(int((value - low) // size), count - 1)] += 1
+    return out | {"bins": bins, "binSize": size}
+
+
+async def stats(request: HttpRequest) -> HttpResponse:
+    """GET /api/metrics/stats?model=: llama-swap's totals (requests, input, output and
+    cached tokens) and its histograms of prompt and generation speeds (the newest
+    :data:`STATS_MAX_ROWS` rows that report one)."""
+    from django.db.models import Count, Q, Sum
+
+    if (refusal := await api_refusal(request)) is not None:
+        return refusal
+    model = request.GET.get("model", "").strip()
+    if "\x00" in model:
+        return error_response(
+            400, "model must not contain NUL characters", code="invalid_parameter", param="model"
+        )
+    rows = RequestRecord.objects.all()
+    if model:
+        rows = rows.filter(model=model)
+    totals = await rows.aaggregate(
+        requests=Count("id"),
+        input=Sum("prompt_tokens"),
+        output=Sum("completion_tokens"),
+        cached=Sum("cached_tokens", filter=Q(cached_tokens__gt=0)),
+    )
+    speeds = rows.filter(Q(prompt_per_second__gt=0) | Q(tokens_per_second__gt=0))
+    prompt: list[float] = []
+    generation: list[float] = []
+    async for p, g in speeds.order_by("-id").values_list(
+        "prompt_per_second", "tokens_per_second"
+    )[:STATS_MAX_ROWS]:
+        if p is not None and p > 0:
+            prompt.append(p)
+        if g is not None and g > 0:
+            generation.append(g)
+    return JsonResponse(
+        {
+            "total_requests": totals["requests"],
+            "total_input_tokens": totals["input"] or 0,
+            "total_output_tokens": totals["output"] or 0,
+            "total_cache_tokens": totals["cached"] or 0,
+            "prompt_histogram": histogram(prompt),
+            "gen_histogram": histogram(generation),
+        }
+    )

@@ -32,6 +32,7 @@ from dashboard.snapshot import (
     TERMS,
     WAITING_CAP,
     Sample,
+    access_block,
     build_snapshot,
     decision_record,
     empty_snapshot,
@@ -103,6 +104,8 @@ class LiveObserver:
         self.reorders = {band: dict.fromkeys(TERMS, 0) for band in BANDS}
         self.samples: deque[Sample] = deque(maxlen=history)
         self.settings_since: float | None = None
+        self.started_at: float | None = None
+        """When the counters started (Unix seconds): they count since the server started."""
         self.model: tuple[str | None, ModelState] = (None, ModelState.STOPPED)
         self.sent = 0
         """Snapshots sent to the group (tests use it to check coalescing)."""
@@ -176,6 +179,8 @@ class LiveObserver:
             config_status=_config_status(),
             estimates={rid: eta for rid, (_, _, eta) in dispatcher.waiting(self.waiting_cap).items()},
             advice=_advice(),
+            started_at=self.started_at,
+            access=access_now(),
         )
 
     def take_sample(self) -> None:
@@ -193,6 +198,7 @@ class LiveObserver:
 
             dispatcher = runtime.current().dispatcher
         self.dispatcher = dispatcher
+        self.started_at = self._wall()
         self.model = dispatcher.model_state()
         if self.settings_since is None:
             self.settings_since = self._wall()
@@ -262,6 +268,17 @@ def _config_status() -> dict[str, Any] | None:
         return None
     reloader = runtime.current().reloader
     return reloader.status.as_dict() if reloader is not None else None
+
+
+def access_now() -> dict[str, Any] | None:
+    """Open or keyed, from the running key ring (memory only, no query; None when no
+    server runs in this process)."""
+    from scheduler import runtime
+
+    if not runtime.is_running():
+        return None
+    ring = runtime.current().keys
+    return access_block(keyed=ring.enabled, keys=len(ring.names()))
 
 
 def _advice() -> dict[str, Any] | None:

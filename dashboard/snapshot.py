@@ -123,6 +123,8 @@ def build_snapshot(
     config_status: Mapping[str, Any] | None = None,
     estimates: Mapping[str, float] | None = None,
     advice: Mapping[str, Any] | None = None,
+    started_at: float | None = None,
+    access: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The dashboard's state.
 
@@ -132,6 +134,9 @@ def build_snapshot(
     oldest first; the snapshot lists them newest first. ``samples`` are chart points,
     oldest first (all of them on connect, the newest one in an update). ``lanes`` are
     the dispatcher's lanes (one per GPU; :func:`lane_rows`), ``lane_of`` a model's lane.
+    ``started_at`` (Unix seconds) is when the counters (dispatched, reordered) started:
+    they count since the server started, the history keeps every request. ``access`` is
+    :func:`access_block`: whether the API is open or keyed.
     """
     lane_name = lane_of or (lambda _model: DEFAULT_LANE)
     band_rows = []
@@ -197,6 +202,8 @@ def build_snapshot(
         "decisions": [dict(d) for d in reversed(decisions)],
         "settings": settings_block(settings, settings_source, settings_since),
         "samples": [s.row() for s in samples],
+        "started_at": _r(started_at),
+        "access": dict(access) if access else None,
     }
 
 
@@ -234,3 +241,17 @@ def empty_snapshot(wall: float, settings: SchedulerSettings | None = None) -> di
     )
     snap["offline"] = True
     return snap
+
+
+def access_block(
+    *, keyed: bool, keys: int | None, since: float | None = None, by: str = ""
+) -> dict[str, Any]:
+    """Who may call the API, for the dashboard: ``keyed`` (every API path needs a key or a
+    staff login) or open; the keys in force (None: not known here); since when and by
+    whom access control was turned on or off (the admin's access control row)."""
+    if keyed:
+        count = "" if keys is None else f" ({keys} key{'' if keys == 1 else 's'} in force)"
+        text = f"API keyed: every API call needs a key{count}"
+    else:
+        text = "API open: no key needed"
+    return {"keyed": keyed, "keys": keys, "since": _r(since), "by": by, "text": text}

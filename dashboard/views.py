@@ -19,10 +19,12 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 
-from dashboard import live
+from activity.models import OUTCOME_WORDS
+from dashboard import live, queue
 from dashboard.access import login_needed, read_only_page
 from dashboard.explain import explain
 from dashboard.filters import BadFilter, parse_when, parse_zone
+from dashboard.snapshot import access_block
 from scheduler.core.priority import BANDS
 from web.errors import echo
 
@@ -35,10 +37,35 @@ async def dashboard(request: HttpRequest) -> HttpResponse:
     if login_needed(request, user):
         return redirect_to_login(request.get_full_path())
     snapshot = live.current_snapshot()  # on the loop: the dispatcher's thread
+    access = await sync_to_async(access_state)()
     html = await sync_to_async(render_to_string)(
-        "dashboard/index.html", {"snap": snapshot, "nav": "dashboard"}, request=request
+        "dashboard/index.html",
+        {"snap": snapshot, "nav": "dashboard", "access": access},
+        request=request,
     )
     return HttpResponse(html)
+
+
+def access_state() -> dict[str, Any]:
+    """Open or keyed, from the running key ring (else the stored state), and the admin's
+    access control row: since when, by whom (one indexed row; a worker thread)."""
+    from django.db import DatabaseError
+
+    from dashboard.models import AccessControl
+
+    try:
+        row = AccessControl.objects.filter(pk=AccessControl.SINGLETON_PK).first()
+    except DatabaseError:  # not migrated yet, or locked: the live dashboard still shows
+        row = None
+    ring = live.access_now()
+    keyed = ring["keyed"] if ring is not None else bool(row and row.keys_required)
+    since = row.changed_at.timestamp() if row is not None and row.changed_by else None
+    return access_block(
+        keyed=keyed,
+        keys=ring["keys"] if ring is not None else None,
+        since=since,
+        by=row.changed_by if row else "",
+    )
 
 
 def _records() -> Any:
@@ -47,7 +74,7 @@ def _records() -> Any:
     return RequestRecord.objects
 
 
-FILTERS = ("model", "band", "since", "until", "request_id", "api_key")
+FILTERS = ("model", "outcome", "lane", "band", "since", "until", "request_id", "api_key")
 """The history page's filters, in the form's order."""
 OTHER_PARAMETERS = ("page", "tz")
 """Also accepted: the page number and the time zone of since/until (set by the page)."""
@@ -76,6 +103,11 @@ def _filter_problems(params: Any, filters: dict[str, str], bands: list[str]) -> 
     band = filters["band"]
     if band and "\x00" not in band and band not in bands:
         problems.append(f"band: there is no band {echo(band)}; use {', '.join(bands)}")
+    outcome = filters.get("outcome", "")
+    if outcome and "\x00" not in outcome and outcome not in OUTCOME_WORDS:
+        problems.append(
+            f"outcome: there is no outcome {echo(outcome)}; use {', '.join(OUTCOME_WORDS)}"
+        )
     return problems
 
 
@@ -111,9 +143,12 @@ def history(request: HttpRequest) -> HttpResponse:
         else:
             until = when
     models = _records().order_by("model").values_list("model", flat=True).distinct()
+    lanes = _records().order_by("lane").values_list("lane", flat=True).distinct()
     context: dict[str, Any] = {
         "nav": "history",
         "filters": filters,
+        "outcomes": OUTCOME_WORDS,
+        "lanes": list(lanes),
         "tz": tz_name,
         "bands": bands,
         "models": list(models),
@@ -124,6 +159,10 @@ def history(request: HttpRequest) -> HttpResponse:
     rows = _records().all()
     if filters["model"]:
         rows = rows.filter(model=filters["model"])
+    if filters["outcome"]:
+        rows = rows.filter(outcome=filters["outcome"])
+    if filters["lane"]:
+        rows = rows.filter(lane=filters["lane"])
     if filters["band"]:
         rows = rows.filter(band=filters["band"])
     if filters["request_id"]:
@@ -161,7 +200,12 @@ def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
         return render(
             request,
             "dashboard/request.html",
-            {"nav": "history", "waiting": waiting, "request_id": request_id},
+            {
+                "nav": "queue",
+                "waiting": waiting,
+                "request_id": request_id,
+                "can_cancel": queue.may_cancel(request.user),
+            },
         )
     end = mine.dispatched_at or mine.finished_at
     ahead_rows = list(
@@ -187,26 +231,22 @@ def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
             "request_id": request_id,
             "wait_seconds": (mine.queue_wait_ms or 0) / 1000 if mine.dispatched_at else None,
             "total_seconds": mine.duration_ms / 1000,
+            "log_lines": _log_lines(mine) if mine.outcome == "failed" else [],
         },
     )
 
 
+def _log_lines(record: Any) -> list[dict[str, Any]]:
+    """The failed request's model's log lines around its end (from the in-memory log,
+    while it still has them)."""
+    at = record.finished_at.timestamp()
+    return async_to_sync(queue.log_lines_around)(record.model, at)
+
+
 def _waiting_now(request_id: str) -> dict[str, Any] | None:
-    """A request still in the queue or running has no record yet: show where it is."""
-    snapshot = async_to_sync(_snapshot_on_loop)()
-    for row in snapshot["waiting"]:
-        if row["request_id"] == request_id:
-            return {**row, "depth": snapshot["depth"]}
-    for row in snapshot["running"]:
-        if row["request_id"] == request_id:
-            return {**row, "running": True}
-    return None
-
-
-async def _snapshot_on_loop() -> dict[str, Any]:
-    # From a sync view, async_to_sync runs this on the server's event loop, where the
-    # dispatcher owns the queue: never read the queue from a worker thread.
-    return live.current_snapshot()
+    """A request still in the queue or running has no record yet: show where it is (the
+    page then follows it live: ``dashboard.queue.request_status``)."""
+    return async_to_sync(queue.status_on_loop)(request_id)
 
 
 FAVICON = Path(__file__).resolve().parent / "static" / "dashboard" / "favicon.ico"

@@ -277,7 +277,7 @@ def _close(response) -> None:
 
 # -- access: Host header, API keys (before either handler) --------------------------------
 
-EXEMPT = frozenset({"/health", "/favicon.ico"})
+EXEMPT = frozenset({"/health", "/wol-health", "/favicon.ico"})
 """Paths open even when API keys are required (health checks, browsers' icon requests)."""
 KEY_EXACT = (PROXY_EXACT - EXEMPT) | {"/v1", "/api", "/upstream"}
 KEY_PREFIXES = (*PROXY_PREFIXES, "/v1/", "/api/", "/upstream/", "/logs/")
@@ -301,6 +301,9 @@ PATH_SCOPES: dict[str, Scope] = {
     "/logs": Scope.OPERATOR,
     "/logs/stream": Scope.OPERATOR,
     "/api/metrics/activity": Scope.OPERATOR,
+    "/api/metrics/stats": Scope.OPERATOR,
+    "/api/events": Scope.OPERATOR,  # every request's model, path and the models' logs
+    "/api/version": Scope.INFERENCE,
     "/metrics": Scope.METRICS,
 }
 """The one table of what each key-needing path needs (every method of a path does one
@@ -310,7 +313,10 @@ else under the key prefixes (a 404) needs ``inference``, what every default key 
 ``/health``, ``/favicon.ico`` and static files need nothing (:data:`EXEMPT`)."""
 PREFIX_SCOPES: tuple[tuple[str, Scope], ...] = (
     ("/api/models/unload", Scope.MODELS),
+    ("/api/models/load/", Scope.MODELS),  # dashboard/model_control.py
     ("/api/requests/", Scope.OPERATOR),  # a request's prompt, key name and decision
+    ("/api/inflight/", Scope.OPERATOR),  # cancels anyone's request (web/cancel.py)
+    ("/api/captures/", Scope.OPERATOR),  # a request's prompt and answer
     ("/logs/", Scope.OPERATOR),
     ("/upstream/", Scope.INFERENCE),
 )

@@ -8,9 +8,14 @@ from scheduler.config import Config
 
 def build_observers(config: Config) -> list:
     from dashboard.live import LiveObserver  # pushes snapshots to the dashboard's websockets
+    from dashboard.model_watch import ModelWatch  # the models page's load times, failures
 
     observers: list = []
     observers.append(LiveObserver())
+    from proxy.events import hub  # llama-swap's /api/events stream
+
+    observers.append(hub())
+    observers.append(ModelWatch())
     observers.extend(_activity_observers(config))
     return observers
 

@@ -47,6 +47,7 @@ from scheduler.dispatcher import Dispatcher, Outcome, Ticket, TicketState
 from scheduler.keys import ApiKey
 from scheduler.names import PeerModel, Route
 from web.errors import error_response
+from web.paths import upstream_path
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -154,7 +155,8 @@ async def forward(
     timeouts = peer.timeouts
     query = request.META.get("QUERY_STRING", "")
     try:
-        url = httpx.URL(peer.proxy.rstrip("/") + request.path + (f"?{query}" if query else ""))
+        path = upstream_path(request.path)  # /v/... without its prefix, as llama-swap
+        url = httpx.URL(peer.proxy.rstrip("/") + path + (f"?{query}" if query else ""))
     except (httpx.InvalidURL, ValueError) as exc:
         return error_response(
             400, f"invalid path: {exc}", code="invalid_path", request_id=request_id

@@ -18,6 +18,7 @@ Timeouts per model (``timeouts`` in the config; 0 disables one):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import deque
@@ -31,13 +32,15 @@ from proxy import progress as progress_mod
 from proxy.collector import collector
 from proxy.turn import Turn
 from proxy.upstream import Upstreams, forward_headers, response_headers
+from proxy.usage import Tally
 from scheduler import runtime
 from scheduler.config import ModelConfig
 from scheduler.core.priority import HEADER, parse_priority
 from scheduler.dispatcher import Outcome, Refused, Ticket
 from scheduler.keys import ApiKey
 from scheduler.process import ModelStartError
-from web.errors import REQUEST_ID_HEADER, error_response
+from web import cancel, captures
+from web.errors import REQUEST_ID_HEADER, error_body, error_response
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -94,17 +97,32 @@ async def relay(
     )
     request.turn = turn  # type: ignore[attr-defined]  # the handler closes it, whatever happens
     ticket = turn.ticket
+    cancel.track(ticket)  # POST /api/inflight/{id}/cancel, the dashboard's Cancel
+    ticket.extra["method"] = request.method  # /api/events' in-flight list
 
     async def answer() -> HttpResponseBase:
         return await _answer(request, turn, model, url, request_id, body, scope)
 
-    if progress:
-        # sendLoadingState: a streaming chat request that is not granted at once is told
-        # where it stands (or that its model loads) until its turn comes (proxy/progress.py).
-        shown = await progress_mod.maybe(ticket, model, request_id, answer)
-        if shown is not None:
-            return shown
-    return await answer()
+    try:
+        if progress:
+            # sendLoadingState: a streaming chat request that is not granted at once is told
+            # where it stands (or that its model loads) until its turn comes (proxy/progress.py).
+            shown = await progress_mod.maybe(ticket, model, request_id, answer)
+            if shown is not None:
+                return shown
+        return await answer()
+    except asyncio.CancelledError:
+        by = cancel.cancelled_by(request_id)
+        task = asyncio.current_task()
+        if by is None or task is None or task.uncancel() > 0:
+            raise  # the client left (or the server gives up): the handler ends the turn
+        turn.dispatcher.cancel(ticket)
+        return error_response(
+            cancel.CANCELLED_STATUS,
+            f"request cancelled by {by} before it was answered",
+            code="request_cancelled",
+            request_id=request_id,
+        )
 
 
 async def _answer(
@@ -151,12 +169,15 @@ async def _answer(
             request_id=request_id,
         )
     turn.upstream = upstream
+    capture = None
+    if captures.enabled(runtime.current().config):  # captureBuffer (web/captures.py)
+        capture = _Capture(request_id, request.path, scope, body)
     body = b""  # the request body is no longer needed while the answer is relayed
 
     status = upstream.status_code
     content_type = upstream.headers.get("content-type", "")
     if content_type.startswith("text/event-stream"):
-        return event_stream(_stream(turn, upstream), upstream, request_id, lean=True)
+        return event_stream(_stream(turn, upstream, capture), upstream, request_id, lean=True)
 
     try:
         content = b"".join([chunk async for chunk in upstream.aiter_raw()])
@@ -176,6 +197,8 @@ async def _answer(
     if status < 300 and content_type.startswith("application/json"):
         note_usage(ticket, content)
     turn.note(Outcome.COMPLETED, status)
+    if capture is not None:
+        capture.keep(upstream, [content])
     await turn.close()  # the GPU's part is done: the next request need not wait for the send
     await hand_over()
     return whole_answer(content, upstream, request_id)
@@ -374,7 +397,31 @@ async def _went_silent(turn: Turn, what: str) -> str:
     return message
 
 
-async def _stream(turn: Turn, upstream: httpx.Response) -> AsyncIterator[bytes]:
+class _Capture:
+    """What a capture needs of the request, kept while its answer is relayed (only with
+    ``captureBuffer``); the answer's pieces are added up to the store's whole budget."""
+
+    __slots__ = ("request_id", "path", "headers", "body", "room")
+
+    def __init__(self, request_id: str, path: str, scope: Any, body: bytes) -> None:
+        self.request_id, self.path, self.body = request_id, path, body
+        self.headers = list(scope["headers"]) if scope is not None else []
+        self.room = captures.store.limit - len(body)
+
+    def keep(self, upstream: httpx.Response, pieces: list[bytes]) -> None:
+        captures.keep(
+            self.request_id,
+            self.path,
+            self.headers,
+            self.body,
+            upstream.headers.items(),
+            b"".join(pieces),
+        )
+
+
+async def _stream(
+    turn: Turn, upstream: httpx.Response, capture: _Capture | None = None
+) -> AsyncIterator[bytes]:
     """Relay the upstream's bytes as they arrive: no re-splitting, no parsing per chunk.
 
     A client that leaves cancels this generator; the handler then ends the turn as
@@ -382,10 +429,19 @@ async def _stream(turn: Turn, upstream: httpx.Response) -> AsyncIterator[bytes]:
     """
     recent: deque[bytes] = deque()  # the last pieces, at least STREAM_TAIL bytes of them
     kept = 0
+    head = b""  # the first piece: Anthropic's message_start holds the input token count
+    kept_all: list[bytes] = []  # every piece, for a capture (captureBuffer) only
     yield b""  # daphne sends the headers with the first body write: send them now
     try:
         async for chunk in upstream.aiter_raw():
             yield chunk
+            if not head:
+                head = chunk[:STREAM_TAIL]
+            if capture is not None:
+                kept_all.append(chunk)
+                capture.room -= len(chunk)
+                if capture.room < 0:  # over the whole budget: never kept
+                    capture, kept_all = None, []
             recent.append(chunk)
             kept += len(chunk)
             while kept - len(recent[0]) >= STREAM_TAIL:
@@ -400,42 +456,83 @@ async def _stream(turn: Turn, upstream: httpx.Response) -> AsyncIterator[bytes]:
         )
         turn.suspect = True
         return
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if cancel.cancelled_by(turn.ticket.request_id) is None or task is None or task.uncancel():
+            raise  # the client left: the handler ends the turn
+        with contextlib.suppress(httpx.HTTPError):  # the model stops before the next turn
+            await upstream.aclose()
+        turn.dispatcher.cancel(turn.ticket)  # cancelled (web/cancel.py): ended as cut
+        # The client is told why its stream stops (OpenAI's shape of an error event).
+        by = cancel.cancelled_by(turn.ticket.request_id)
+        message = f"request cancelled by {by} while it was being answered"
+        yield b"data: " + error_body(cancel.CANCELLED_STATUS, message, "request_cancelled") + b"\n\n"
+        return
     tail = b"".join(recent)[-STREAM_TAIL:]
-    note_stream_usage(turn.ticket, tail)
+    note_stream_usage(turn.ticket, tail, head)
     turn.note(Outcome.COMPLETED, upstream.status_code)
+    if capture is not None:
+        capture.keep(upstream, kept_all)
     await turn.close()
     await hand_over()
 
 
 def note_usage(ticket: Ticket, content: bytes) -> None:
-    """usage and timings from a whole JSON answer (up to 1 MB) into ``ticket.extra``."""
+    """Token counts and speeds from a whole JSON answer (up to 1 MB) into ``ticket.extra``
+    (every API shape llama-swap reads: proxy/usage.py)."""
     if len(content) > 1 << 20:
         return
     try:
         data = json.loads(content)
     except (ValueError, RecursionError):
         return
-    if isinstance(data, dict):
-        _keep_usage(ticket, data)
+    tally = Tally()
+    tally.add(data)
+    _keep(ticket, tally)
 
 
-def note_stream_usage(ticket: Ticket, tail: bytes) -> None:
-    """usage and timings from the last events of a stream (llama-server sends them last)."""
+_USAGE_MARKS = (b'"usage"', b'"timings"', b'"metrics"')
+
+
+def note_stream_usage(ticket: Ticket, tail: bytes, head: bytes = b"") -> None:
+    """Token counts and speeds from a stream's events (proxy/usage.py): the last event of
+    ``tail`` that gives any (servers send them last: llama-server, OpenAI, vLLM,
+    Anthropic's ``message_delta``, ``response.completed``), read from the end; and, when
+    it gives no input count, the events of ``head``, the stream's first piece, first
+    (Anthropic's ``message_start`` holds it). A few lines are looked at, whatever the
+    stream's length."""
+    last, tally = _last_usage_event(tail)
+    if head and "prompt_tokens" not in tally.usage and _USAGE_MARKS[0] in head:
+        tally = Tally()
+        for line in head.split(b"\n"):
+            if line.startswith(b"data:") and _USAGE_MARKS[0] in line:
+                with contextlib.suppress(ValueError, RecursionError):
+                    tally.add(json.loads(line[5:]))
+        if last is not None:
+            tally.add(last)  # after: the last non-zero count wins
+    _keep(ticket, tally)
+
+
+def _last_usage_event(tail: bytes) -> tuple[Any, Tally]:
+    """The last ``data:`` event of ``tail`` that holds counts or speeds (None: none), and
+    what it says."""
+    usage, timings, metrics = _USAGE_MARKS
     for line in reversed(tail.split(b"\n")):
-        if line.startswith(b"data: {"):
+        if line.startswith(b"data:") and (usage in line or timings in line or metrics in line):
             try:
-                data = json.loads(line[6:])
+                data = json.loads(line[5:])
             except (ValueError, RecursionError):
-                continue
-            if isinstance(data, dict) and _keep_usage(ticket, data):
-                return
+                continue  # cut at the tail's edge
+            tally = Tally()
+            tally.add(data)
+            if tally.found:
+                return data, tally
+    return None, Tally()
 
 
-def _keep_usage(ticket: Ticket, data: dict[str, Any]) -> bool:
-    found = False
-    for key in ("usage", "timings"):
-        value = data.get(key)
-        if isinstance(value, dict):
-            ticket.extra[key] = value
-            found = True
-    return found
+def _keep(ticket: Ticket, tally: Tally) -> None:
+    usage, timings = tally.result()
+    if usage is not None:
+        ticket.extra["usage"] = usage
+    if timings is not None:
+        ticket.extra["timings"] = timings

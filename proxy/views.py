@@ -10,7 +10,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -18,11 +18,11 @@ import httpx
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.core.files.uploadhandler import FileUploadHandler, SkipFile
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
-from proxy import peers, progress, routing
+from proxy import inflight, peers, progress, routing
 from proxy.relay import relay
 from proxy.turn import RECORD_EXTRA
 from scheduler import runtime
@@ -31,6 +31,7 @@ from scheduler.names import Unroutable
 from scheduler.process import ModelState
 from web.access import cross_origin
 from web.errors import clip, cross_origin_refused, echo, error_response, method_not_allowed
+from web.paths import inference_methods, upstream_path
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -56,10 +57,27 @@ async def inference(request: HttpRequest) -> HttpResponse:
     is forwarded at once and takes no turn here (proxy/peers.py).
     """
     request_id = _new_request_id()
-    if request.method != "POST":
-        return method_not_allowed(request, ("POST",), request_id=request_id)
+    methods = inference_methods(request.path)
+    if request.method not in methods:
+        return method_not_allowed(request, methods, request_id=request_id)
     rt = runtime.current()
-    parsed = _parse_body(request, request_id)
+    ceiling = rt.config.global_concurrency_limit
+    if ceiling and not inflight.enter(ceiling):
+        return error_response(
+            429,
+            f"too many requests in the server (globalConcurrencyLimit: {ceiling})",
+            code="global_concurrency_limit",
+            request_id=request_id,
+            headers={"Retry-After": "1"},
+        )
+    if request.method == "GET":  # /props, /sdapi/v1/loras, /v1/audio/voices: ?model=
+        parsed: tuple[bytes, dict[str, Any] | None, object] | HttpResponse = (
+            b"",
+            None,
+            request.GET.get("model", ""),
+        )
+    else:
+        parsed = _parse_body(request, request_id)
     if isinstance(parsed, HttpResponse):
         return parsed
     body, data, name = parsed
@@ -101,7 +119,7 @@ async def inference(request: HttpRequest) -> HttpResponse:
                 400, "request body is nested too deeply", code="invalid_json", request_id=request_id
             )
         data = None  # not kept alive while the request waits for its turn
-    else:  # multipart: only the model field changes, as llama-swap does
+    elif request.method == "POST":  # multipart: only the model field changes, as llama-swap does
         field = routing.multipart_model(target)
         if field is not None:
             body = routing.rewrite_multipart_model(body, request.content_params["boundary"], field)
@@ -111,10 +129,11 @@ async def inference(request: HttpRequest) -> HttpResponse:
     assert target.model is not None
     if extra:
         RECORD_EXTRA.set(extra)  # this request's task only (see proxy/turn.py)
+    path = upstream_path(request.path)  # /v/... and /audioapi/... without the prefix
     if not target.selector:
-        return await relay(request, target.model, request_id, request.path, body, show_progress)
+        return await relay(request, target.model, request_id, path, body, show_progress)
     with routing.reserved(target):  # until its turn came (relay returns once it has)
-        return await relay(request, target.model, request_id, request.path, body, show_progress)
+        return await relay(request, target.model, request_id, path, body, show_progress)
 
 
 def _parse_body(
@@ -461,7 +480,7 @@ def _model_record(
     if model.description.strip():
         record["description"] = model.description.strip()
     caps = model.capabilities
-    record.update(_render_capabilities(caps))
+    record.update(render_capabilities(caps))
     metadata: dict[str, Any] = dict(model.metadata)
     if not caps.empty:
         metadata = {k: v for k, v in metadata.items() if k not in _CAPPED_METADATA}
@@ -490,7 +509,7 @@ def _extra_record(record_id: str, extra: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def _render_capabilities(caps: Capabilities) -> dict[str, Any]:
+def render_capabilities(caps: Capabilities) -> dict[str, Any]:
     """The fields llama-swap derives from ``capabilities`` (none when it is empty)."""
     fields: dict[str, Any] = {}
     has_in, has_out = bool(caps.inputs), bool(caps.outputs)
@@ -525,11 +544,6 @@ def _render_capabilities(caps: Capabilities) -> dict[str, Any]:
     if caps.context > 0:
         fields["context_length"] = caps.context
     return fields
-
-
-async def running(request: HttpRequest) -> HttpResponse:
-    """GET /running: the loaded model and its state."""
-    return JsonResponse({"running": runtime.current().dispatcher.running_models()})
 
 
 @csrf_exempt
@@ -630,35 +644,3 @@ async def queue(request: HttpRequest) -> HttpResponse:
 
 async def health(request: HttpRequest) -> HttpResponse:
     return HttpResponse("OK", content_type="text/plain")
-
-
-async def logs(request: HttpRequest) -> HttpResponse:
-    """GET /logs: what the model processes printed, as text."""
-    return HttpResponse(runtime.current().dispatcher.logs.history(), content_type="text/plain")
-
-
-async def logs_stream(request: HttpRequest) -> HttpResponse:
-    """GET /logs/stream: history first (unless ?no-history), then live, chunked."""
-    if request.method == "HEAD":  # the headers only: no stream that never ends
-        response = HttpResponse(content_type="text/plain; charset=utf-8")
-        response["X-Accel-Buffering"] = "no"
-        return response
-    buffer = runtime.current().dispatcher.logs
-    with_history = "no-history" not in request.GET
-
-    async def lines() -> AsyncIterator[bytes]:
-        subscription = buffer.subscribe()
-        try:
-            yield b""  # headers now (daphne sends them with the first body write)
-            if with_history:
-                history = buffer.history()
-                if history:
-                    yield history
-            async for chunk in subscription:
-                yield chunk
-        finally:
-            buffer.unsubscribe(subscription)
-
-    response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
-    response["X-Accel-Buffering"] = "no"
-    return response

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
+import time
 from collections.abc import Callable
+
+_SEQ = itertools.count(1)
+"""Numbers every line of every buffer (the proxy's log and the models'): a reader that
+polls several buffers (the dashboard's logs page) asks for what came after one number."""
+
+Entry = tuple[int, float, str, bytes]
+"""(sequence number, wall-clock time written, model id ("" none), line)."""
 
 
 def _prefixed(model: str, line: bytes) -> bytes:
@@ -30,8 +39,9 @@ class LogSubscription:
     def _offer(self, model: str, line: bytes) -> None:
         if self.closed or (self.model is not None and model != self.model):
             return
+        prefix = self.model is None and self._buffer.prefixed
         try:
-            self._queue.put_nowait(line if self.model is not None else _prefixed(model, line))
+            self._queue.put_nowait(_prefixed(model, line) if prefix else line)
         except asyncio.QueueFull:
             self.dropped += 1
 
@@ -69,13 +79,24 @@ class LogBuffer:
     Lines are kept with the id of the model that wrote them. :meth:`history` without a model
     gives every line prefixed ``[model-id] `` (as llama-swap's combined upstream log does);
     with a model, that model's lines as written. When the total passes ``max_bytes`` the
-    oldest lines are dropped.
+    oldest lines are dropped. Each line keeps when it was written and a sequence number
+    (:meth:`since`). ``prefixed=False`` (the proxy's own log, :mod:`scheduler.proxylog`):
+    lines are given as written either way; the model is only a filter.
     """
 
-    def __init__(self, max_bytes: int = 1024 * 1024, *, subscriber_queue: int = 1024) -> None:
+    def __init__(
+        self,
+        max_bytes: int = 1024 * 1024,
+        *,
+        subscriber_queue: int = 1024,
+        prefixed: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.max_bytes = max_bytes
         self.subscriber_queue = subscriber_queue
-        self._lines: collections.deque[tuple[str, bytes]] = collections.deque()
+        self.prefixed = prefixed
+        self._clock = clock
+        self._lines: collections.deque[Entry] = collections.deque()
         self._size = 0
         self._subscribers: set[LogSubscription] = set()
         self.echo: Callable[[str, bytes], None] | None = None
@@ -88,18 +109,31 @@ class LogBuffer:
             line += b"\n"
         if self.echo is not None:
             self.echo(model, line)
-        self._lines.append((model, line))
+        self._lines.append((next(_SEQ), self._clock(), model, line))
         self._size += len(line) + len(model) + 3
         while self._size > self.max_bytes and self._lines:
-            old_model, old_line = self._lines.popleft()
+            _, _, old_model, old_line = self._lines.popleft()
             self._size -= len(old_line) + len(old_model) + 3
         for subscriber in tuple(self._subscribers):
             subscriber._offer(model, line)
 
     def history(self, model: str | None = None) -> bytes:
         if model is None:
-            return b"".join(_prefixed(m, line) for m, line in self._lines)
-        return b"".join(line for m, line in self._lines if m == model)
+            if not self.prefixed:
+                return b"".join(line for _, _, _, line in self._lines)
+            return b"".join(_prefixed(m, line) for _, _, m, line in self._lines)
+        return b"".join(line for _, _, m, line in self._lines if m == model)
+
+    def since(self, after: int, limit: int | None = None) -> list[Entry]:
+        """The last ``limit`` lines numbered above ``after`` (oldest first). Reads from the
+        newest end and stops at ``after``: a poller that keeps up reads only what is new."""
+        out: list[Entry] = []
+        for entry in reversed(self._lines):
+            if entry[0] <= after or (limit is not None and len(out) >= limit):
+                break
+            out.append(entry)
+        out.reverse()
+        return out
 
     def subscribe(self, model: str | None = None, *, maxsize: int | None = None) -> LogSubscription:
         """Lines written from now on (of one model, unprefixed, when ``model`` is given)."""

@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +69,37 @@ def fake_model(
     }
 
 
+_migrated: dict[str, Path] = {}
+"""One freshly migrated SQLite file per test session, copied for each new database."""
+
+
+def migrate_database(env: dict[str, str]) -> None:
+    """``manage.py migrate`` for the database in ``env``. A new SQLite file is a copy of
+    one migrated once per session (the same tables, ~2 s saved a server)."""
+    url = env["DATABASE_URL"]
+    target = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+    if target is not None and not target.exists():
+        template = _migrated.get("sqlite")
+        if template is None or not template.exists():
+            template = Path(tempfile.mkdtemp(prefix="llamaswap-migrated-")) / "db.sqlite3"
+            _run_migrate({**env, "DATABASE_URL": f"sqlite:///{template}"})
+            _migrated["sqlite"] = template
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, target)
+        return
+    _run_migrate(env)
+
+
+def _run_migrate(env: dict[str, str]) -> None:
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=60,
+    )
+
+
 class Server:
     def __init__(
         self,
@@ -94,13 +127,7 @@ class Server:
         env.update(environ or {})
         self.database_url = env["DATABASE_URL"]
         if migrate:  # the activity log's tables (and the rest), before the server starts
-            subprocess.run(
-                [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-                cwd=ROOT,
-                env=env,
-                check=True,
-                timeout=60,
-            )
+            migrate_database(env)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [

@@ -37,6 +37,9 @@ LOGIN = "login"  # keys configured (or DASHBOARD_REQUIRE_LOGIN): a Django login,
 ADMIN = "admin"  # Django's admin: always a staff login
 EXEMPT = "exempt"  # open whatever is configured
 LOGIN_PAGE = "login page"  # open; a staff member already logged in is sent on
+STAFF_PAGE = "staff page"  # keys configured (or DASHBOARD_REQUIRE_LOGIN): a staff login, else 302
+LOGIN_JSON = "login json"  # as LOGIN, but a JSON 403 instead of the redirect
+STAFF_JSON = "staff json"  # as STAFF_PAGE, but a JSON 403 instead of the redirect
 STAFF = "staff"  # a staff login whatever is configured (others: 302 to the login)
 
 NO_MODEL = json.dumps({"model": "no-such-model", "messages": []}).encode()
@@ -50,11 +53,28 @@ RULES: dict[str, tuple[str, tuple[str, str, bytes]]] = {
     "api/models/unload": (API_KEY, ("POST", "/api/models/unload", b"")),
     "api/models/unload/<path:model_name>": (API_KEY, ("POST", "/api/models/unload/no-such", b"")),
     "health": (EXEMPT, ("GET", "/health", b"")),
+    "wol-health": (EXEMPT, ("GET", "/wol-health", b"")),
     "api/queue": (API_KEY, ("GET", "/api/queue", b"")),
     "logs": (KEY_OR_STAFF, ("GET", "/logs", b"")),
     "logs/stream": (KEY_OR_STAFF, ("HEAD", "/logs/stream", b"")),
+    "logs/stream/upstream": (KEY_OR_STAFF, ("HEAD", "/logs/stream/upstream", b"")),
+    "logs/stream/proxy": (KEY_OR_STAFF, ("HEAD", "/logs/stream/proxy", b"")),
+    "logs/stream/<path:model_name>": (KEY_OR_STAFF, ("HEAD", "/logs/stream/no-such", b"")),
+    "api/models/load/<path:model_name>": (API_KEY, ("POST", "/api/models/load/no-such", b"")),
+    "models/": (LOGIN, ("GET", "/models/", b"")),
+    "models/feed/": (LOGIN_JSON, ("GET", "/models/feed/", b"")),
+    # A GET: 405 for everyone (the page posts, with the CSRF token, as staff).
+    "models/control/": (EXEMPT, ("GET", "/models/control/", b"")),
+    "dashboard/logs/": (STAFF_PAGE, ("GET", "/dashboard/logs/", b"")),
+    "dashboard/logs/feed": (STAFF_JSON, ("GET", "/dashboard/logs/feed", b"")),
+    "playground/": (STAFF_PAGE, ("GET", "/playground/", b"")),
     "metrics": (API_KEY, ("GET", "/metrics", b"")),
     "api/metrics/activity": (API_KEY, ("GET", "/api/metrics/activity", b"")),
+    "api/metrics/stats": (API_KEY, ("GET", "/api/metrics/stats", b"")),
+    "api/captures/<str:capture_id>": (API_KEY, ("GET", "/api/captures/no-such", b"")),
+    "api/version": (API_KEY, ("GET", "/api/version", b"")),
+    "api/events": (API_KEY, ("HEAD", "/api/events", b"")),
+    "api/inflight/<str:request_id>/cancel": (API_KEY, ("POST", "/api/inflight/no-such/cancel", b"")),
     "api/requests/<str:request_id>": (API_KEY, ("GET", "/api/requests/no-such", b"")),
     "api/profiles": (KEY_OR_STAFF, ("GET", "/api/profiles", b"")),
     "api/profiles/active": (KEY_OR_STAFF, ("PUT", "/api/profiles/active", b'{"name": null}')),
@@ -64,6 +84,11 @@ RULES: dict[str, tuple[str, tuple[str, str, bytes]]] = {
     "history/": (LOGIN, ("GET", "/history/", b"")),
     "whatif/": (LOGIN, ("GET", "/whatif/", b"")),
     "requests/<str:request_id>/": (LOGIN, ("GET", "/requests/no-such/", b"")),
+    "requests/<str:request_id>/status": (LOGIN_JSON, ("GET", "/requests/no-such/status", b"")),
+    "queue/": (LOGIN, ("GET", "/queue/", b"")),
+    "queue/data": (LOGIN_JSON, ("GET", "/queue/data", b"")),
+    # A GET: 405 for everyone (the page posts, with the CSRF token, as staff).
+    "queue/<str:request_id>/cancel": (EXEMPT, ("GET", "/queue/no-such/cancel", b"")),
     "favicon.ico": (EXEMPT, ("GET", "/favicon.ico", b"")),
     "admin/": (ADMIN, ("GET", "/admin/", b"")),
 }
@@ -162,6 +187,10 @@ def expected(kind: str, credential: str, baseline: int, keys: bool) -> int:
         return baseline if credential in KEYED | {"staff session"} else 401
     if kind == LOGIN:
         return baseline if credential in LOGGED_IN else 302
+    if kind == LOGIN_JSON:
+        return baseline if credential in LOGGED_IN else 403
+    if kind in (STAFF_PAGE, STAFF_JSON):
+        return baseline if credential == "staff session" else (302 if kind == STAFF_PAGE else 403)
     raise AssertionError(kind)
 
 

@@ -9,9 +9,6 @@ Debian's package when it is missing); Playwright never downloads one.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,27 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server import ROOT, chat, fake_model, free_port_block, serve
-
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = ROOT / "test-artifacts"
-ADMIN_PASSWORD = "browser-test-pw"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from tests.browser import ADMIN_PASSWORD, ARTIFACTS, ensure_admin, launch, log_in, needs_chromium
+from tests.server import chat, fake_model, free_port_block, serve
 
 pytestmark = [
     pytest.mark.timeout(90),
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM), reason="needs Debian's chromium (make test installs it)"
-    ),
+    needs_chromium,
 ]
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -76,26 +58,14 @@ def server(tmp_path_factory):
         "beta": fake_model(port + 1, load_seconds=0.2),
     }
     with serve(tmp, models, migrate=True) as srv:
-        env = {
-            **os.environ,
-            "DATABASE_URL": srv.database_url,
-            "LLAMASWAP_ADMIN_PASSWORD": ADMIN_PASSWORD,
-        }
-        subprocess.run(
-            [sys.executable, "manage.py", "ensure_admin"],
-            cwd=ROOT,
-            env=env,
-            check=True,
-            timeout=30,
-            capture_output=True,
-        )
+        ensure_admin(srv, ADMIN_PASSWORD)
         yield srv
 
 
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch(p)
         yield browser
         browser.close()
 
@@ -131,7 +101,9 @@ def test_dashboard_live_request_page_and_admin_edit(server, browser):
             True,
             True,
         ], rows
-        affinity = rows[1].split("\t")[6]  # columns: #, request, model, lane, band, priority, affinity
+        affinity = rows[1].split("\t")[
+            6
+        ]  # columns: #, request, model, lane, band, priority, affinity
         assert affinity == "10", rows[1]  # alpha is loaded: the normal alpha request has the bonus
         page.screenshot(path=str(ARTIFACTS / "dashboard-queue.png"), full_page=True)
 
@@ -161,10 +133,7 @@ def test_dashboard_live_request_page_and_admin_edit(server, browser):
         page.screenshot(path=str(ARTIFACTS / "request-page.png"), full_page=True)
 
         # Admin: log in and set swapAffinityBonus to 0.
-        page.goto(url + "/admin/dashboard/schedulersettingsrecord/")
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", ADMIN_PASSWORD)
-        page.click("input[type=submit]")
+        log_in(page, url + "/admin/dashboard/schedulersettingsrecord/", ADMIN_PASSWORD)
         page.wait_for_selector("#id_swap_affinity_bonus", timeout=5000)
         page.fill("#id_swap_affinity_bonus", "0")
         page.click("input[name=_save]")
@@ -310,10 +279,7 @@ def test_times_are_local_24_hour_with_the_zone_named_and_chart_labels_apart(serv
         page.screenshot(path=str(ARTIFACTS / "request-missing.png"), full_page=True)
 
         # The admin: numbers as typed, fifo priorities as rows, times zoned.
-        page.goto(url + "/admin/dashboard/schedulersettingsrecord/")
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", ADMIN_PASSWORD)
-        page.click("input[type=submit]")
+        log_in(page, url + "/admin/dashboard/schedulersettingsrecord/", ADMIN_PASSWORD)
         page.wait_for_selector("#id_aging_divisor", timeout=5000)
         assert page.input_value("#id_aging_divisor") == "60"
         page.fill("#id_fifo_priority", "alpha")

@@ -23,7 +23,7 @@ ENVIRON = {
     "NEIGHBOUR_KEY": "sk-neighbour",
 }
 DOCUMENTED = re.compile(
-    r"^(metricsMaxInMemory|captureBuffer|store|ui|performance|logRequests"
+    r"^(metricsMaxInMemory|store|ui|performance|logRequests"
     r"|models\.[^.]+\.(compat)): "
 )
 """The keys the README lists as ignored (llama-swap's UI, monitor and captures, and what

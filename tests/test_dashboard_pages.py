@@ -134,24 +134,30 @@ def test_unknown_request_is_a_404_page_in_the_dashboard_layout(client):
 
 
 def test_a_running_request_is_shown_as_running_not_missing(client, monkeypatch):
-    from dashboard import live
+    from dashboard import queue
 
-    snap = live.current_snapshot()
-    snap["running"] = [
-        {
-            "request_id": "busy-1",
-            "model": "a",
-            "band": "normal",
-            "priority": 0,
-            "state": "running",
-            "elapsed": 12.5,
-            "score": 0.2,
-        }
-    ]
-    monkeypatch.setattr(live, "current_snapshot", lambda: snap)
+    row = {
+        "request_id": "busy-1",
+        "state": "running",
+        "model": "a",
+        "lane": "default",
+        "band": "normal",
+        "priority": 0,
+        "key": "",
+        "waited": 0.0,
+        "elapsed": 12.5,
+        "in_flight": True,
+    }
+
+    async def status(request_id):
+        return row if request_id == "busy-1" else None
+
+    monkeypatch.setattr(queue, "status_on_loop", status)
     response = client.get("/requests/busy-1/")
     assert response.status_code == 200
-    assert "Running now on <strong>a</strong>" in response.content.decode()
+    html = response.content.decode()
+    assert "Running now on <strong>a</strong>" in html
+    assert 'data-request-id="busy-1"' in html  # the page follows it live
 
 
 # -- history filters that cannot be used ----------------------------------------------------

@@ -10,7 +10,7 @@ from django.urls import reverse
 from dashboard import keys as issued
 from dashboard.login_throttle import Limits, LoginThrottle
 from dashboard.models import AccessControl, IssuedKey, SettingsChange
-from llamaswap_site.asgi import PATH_SCOPES, needs_key, required_scope
+from llamaswap_site.asgi import EXEMPT, PATH_SCOPES, needs_key, required_scope
 from scheduler import runtime
 from scheduler.config import Config, ConfigError, parse_config
 from scheduler.keys import ALL_SCOPES, DEFAULT_SCOPES, ApiKey, KeyRing, Scope, digest
@@ -74,7 +74,16 @@ SCOPE_OF_PATTERN = {
     "api/queue": OPS,
     "logs": OPS,
     "logs/stream": OPS,
+    "logs/stream/upstream": OPS,
+    "logs/stream/proxy": OPS,
+    "logs/stream/<path:model_name>": OPS,
+    "api/models/load/<path:model_name>": MOD,
     "api/metrics/activity": OPS,
+    "api/metrics/stats": OPS,
+    "api/captures/<str:capture_id>": OPS,
+    "api/events": OPS,
+    "api/inflight/<str:request_id>/cancel": OPS,
+    "api/version": INF,
     "api/requests/<str:request_id>": OPS,
     "metrics": MET,
 }
@@ -114,7 +123,7 @@ def test_path_variants_need_the_same_scope(path, scope):
 
 
 def test_the_table_names_only_key_paths():
-    assert all(needs_key(path) for path in PATH_SCOPES if path != "/health")
+    assert all(needs_key(path) for path in PATH_SCOPES if path not in EXEMPT)
 
 
 # -- the ring stays keyed ----------------------------------------------------------------------

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from tests.conftest import pick_free_port
-from tests.server import fake_model
+from tests.server import fake_model, migrate_database
 
 ROOT = Path(__file__).resolve().parent.parent
 BINARY = Path(
@@ -56,6 +56,7 @@ class Side:
     proc: subprocess.Popen
     records: dict[str, Path]
     log: Path
+    config: dict
 
     def received(self, model: str) -> list[dict]:
         """What the model server received, in order (fakellm's record file)."""
@@ -70,8 +71,13 @@ def _start(tmp: Path, name: str, argv: list[str], env: dict) -> Side:
     port = pick_free_port()
     records = {model: tmp / f"{model.replace('/', '_')}.jsonl" for model in MODELS}
     models = {model: fake_model(pick_free_port(), record=records[model]) for model in MODELS}
+    models["org/model"]["concurrencyLimit"] = 2  # test_concurrency_limit_counts_the_waiting
     config = tmp / "config.yaml"
-    config.write_text(yaml.safe_dump({"healthCheckTimeout": 15, "models": models}))
+    # llama-swap's scheduler on both sides (ours defaults to the serial priority one, which
+    # queues a burst rather than refusing it).
+    routing = {"scheduler": {"use": "fifo"}}
+    settings = {"healthCheckTimeout": 15, "models": models, "routing": routing}
+    config.write_text(yaml.safe_dump(settings))
     log = tmp / "out.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
@@ -82,7 +88,7 @@ def _start(tmp: Path, name: str, argv: list[str], env: dict) -> Side:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    return Side(name, f"http://127.0.0.1:{port}", proc, records, log)
+    return Side(name, f"http://127.0.0.1:{port}", proc, records, log, settings)
 
 
 def _wait(side: Side) -> None:
@@ -116,6 +122,8 @@ def sides(tmp_path_factory) -> Iterator[tuple[Side, Side]]:
     ours_env = dict(
         env, DATABASE_URL=f"sqlite:///{tmp / 'db.sqlite3'}", LLAMASWAP_STATE_DIR=str(tmp / "st")
     )
+    # The activity log's tables (llama-swap keeps its own in memory).
+    migrate_database(ours_env)
     theirs = _start(tmp / "llama-swap", "llama-swap", [str(BINARY)], env)
     ours = _start(
         tmp / "llamaswap", "llamaswap", [sys.executable, "-m", "llamaswap_site.cli"], ours_env
@@ -251,10 +259,6 @@ def test_chat_completion_stream(sides):
     assert (_last(sides[0], "m")["body"]) == (_last(sides[1], "m")["body"])
 
 
-RUNNING_GAPS = {"cmd", "proxy", "ttl", "name", "description"}
-"""Not yet (docs/llama-swap-compat.md): /running record keys llama-swap has and we lack."""
-
-
 def test_running(sides):
     ours, theirs = both(sides, "GET", "/running")
     assert ours.status_code == theirs.status_code == 200
@@ -262,7 +266,29 @@ def test_running(sides):
     mine, its = ours.json()["running"], theirs.json()["running"]
     assert [(r["model"], r["state"]) for r in mine] == [(r["model"], r["state"]) for r in its]
     assert [(r["model"], r["state"]) for r in its] == [("m", "ready")]
-    assert keys(its[0]) - keys(mine[0]) == RUNNING_GAPS
+    # Deliberate: ours adds the model's lane.
+    assert keys(mine[0]) - keys(its[0]) == {"lane"}
+    for key in ("ttl", "name", "description"):
+        assert mine[0][key] == its[0][key], key
+    # Each its own config's command and address (each side has a fakellm of its own).
+    for records, side in zip((mine, its), sides, strict=True):
+        model = side.config["models"]["m"]
+        assert records[0]["proxy"] == model["proxy"]
+        assert records[0]["cmd"].split() == model["cmd"].split()
+
+
+def test_version(sides):
+    ours, theirs = both(sides, "GET", "/api/version")
+    assert ours.status_code == theirs.status_code == 200
+    assert media_type(ours) == media_type(theirs) == "application/json"
+    assert keys(ours.json()) == keys(theirs.json()) == {"version", "commit", "build_date"}
+
+
+def test_cancel_unknown_inflight(sides):
+    ours, theirs = both(sides, "POST", "/api/inflight/nope/cancel")
+    assert ours.status_code == theirs.status_code == 404
+    assert media_type(ours) == media_type(theirs) == "application/json"
+    assert "message" in ours.json()["error"] and "message" in theirs.json()["error"]
 
 
 @pytest.mark.parametrize(
@@ -336,3 +362,135 @@ def test_unload(sides):
     assert ours.text == theirs.text == "OK"
     ours, theirs = both(sides, "GET", "/running")
     assert ours.json() == theirs.json() == {"running": []}
+
+
+def _first_events(side: Side) -> dict[str, list]:
+    """The messages /api/events sends on connect, by type (read until inflight's snapshot,
+    the last of them on both sides)."""
+    seen: dict[str, list] = {}
+    buffer = b""
+    with httpx.Client(timeout=10) as client, client.stream("GET", side.url + "/api/events") as r:
+        assert r.status_code == 200
+        assert media_type(r) == "text/event-stream" and r.headers["x-accel-buffering"] == "no"
+        for chunk in r.iter_raw():
+            buffer += chunk
+            *done, buffer = buffer.split(b"\n\n")
+            for block in done:
+                kind, data = block.decode().split("\n")
+                assert kind == "event:message" and data.startswith("data:")
+                envelope = json.loads(data[5:])
+                assert set(envelope) == {"type", "data"}
+                seen.setdefault(envelope["type"], []).append(json.loads(envelope["data"]))
+            if "inflight" in seen:
+                return seen
+    raise AssertionError(seen)
+
+
+def test_events_on_connect(sides):
+    """The same event names, framing and payload keys (docs/llama-swap-compat.md)."""
+    mine, its = (_first_events(side) for side in sides)
+    assert (
+        set(mine)
+        == set(its)
+        == {
+            "logData",
+            "modelStatus",
+            "uiConfig",
+            "profileChanged",
+            "inflight",
+        }
+    )
+    assert [keys(m) for m in mine["logData"]] == [keys(m) for m in its["logData"]]
+    assert [m["source"] for m in mine["logData"]] == [m["source"] for m in its["logData"]]
+    assert mine["uiConfig"] == its["uiConfig"]
+    assert mine["profileChanged"] == its["profileChanged"]
+    assert mine["inflight"] == its["inflight"] == [{"operation": "snapshot"}]
+    [my_models], [their_models] = mine["modelStatus"], its["modelStatus"]
+    assert [m["id"] for m in my_models] == [m["id"] for m in their_models]
+    for record, reference in zip(my_models, their_models, strict=True):
+        assert keys(record) == keys(reference)
+        assert record["state"] == reference["state"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "reaches"),
+    [
+        ("POST", "/v1/messages/count_tokens", "/v1/messages/count_tokens"),
+        ("POST", "/v/chat/completions", "/chat/completions"),
+        ("POST", "/audioapi/v1/tasks/run", "/v1/tasks/run"),
+        ("POST", "/sdapi/v1/txt2img", "/sdapi/v1/txt2img"),
+        ("POST", "/v1/audio/voices", "/v1/audio/voices"),
+        ("GET", "/v1/audio/voices?model=m", "/v1/audio/voices"),
+        ("GET", "/props?model=m", "/props"),
+        ("GET", "/sdapi/v1/loras?model=m", "/sdapi/v1/loras"),
+    ],
+)
+def test_other_model_routes(sides, method, path, reaches):
+    body = {"model": "m", "prompt": "x"} if method == "POST" else None
+    ours, theirs = both(sides, method, path, json=body)
+    assert ours.status_code == theirs.status_code, (ours.text, theirs.text)
+    mine, its = (_last(side, "m") for side in sides)
+    assert (mine["method"], mine["path"]) == (its["method"], its["path"]) == (method, reaches)
+    assert mine["body"] == its["body"]
+
+
+def test_images_edits_by_the_form_field(sides):
+    form = {"data": {"model": "m", "prompt": "a cat"}, "files": {"image": ("a.png", b"PNG")}}
+    ours, theirs = both(sides, "POST", "/v1/images/edits", **form)
+    assert ours.status_code == theirs.status_code == 200
+    mine, its = (_last(side, "m") for side in sides)
+    assert mine["path"] == its["path"] == "/v1/images/edits"
+
+
+def test_activity_and_stats_shapes(sides):
+    ours, theirs = both(sides, "GET", "/api/metrics/activity?limit=5&sort=id&order=desc")
+    assert ours.status_code == theirs.status_code == 200
+    mine, its = ours.json(), theirs.json()
+    # Deliberate: ours adds "pages" and "has_more" (docs/llama-swap-compat.md).
+    assert keys(its) <= keys(mine)
+    assert its["data"] and mine["data"]
+    row, reference = mine["data"][0], its["data"][0]
+    # resp_content_type aside, every key of llama-swap's row; "metadata" is ours there.
+    assert keys(reference) - {"metadata"} <= keys(row)
+    assert keys(row["tokens"]) == keys(reference["tokens"])
+    ours, theirs = both(sides, "GET", "/api/metrics/stats")
+    assert ours.status_code == theirs.status_code == 200
+    assert keys(ours.json()) == keys(theirs.json())
+    ours, theirs = both(sides, "GET", "/api/metrics/activity?sort=nope")
+    assert ours.status_code == theirs.status_code == 400
+
+
+def test_wol_health(sides):
+    ours, theirs = both(sides, "GET", "/wol-health")
+    assert ours.status_code == theirs.status_code == 200
+    assert media_type(ours) == media_type(theirs) == "text/plain"
+    assert ours.text == theirs.text == "OK"
+
+
+def test_models_alias(sides):
+    """Deliberate: llama-swap's /models is its model list; here /models/ is the
+    dashboard's models page (a browser's), and /models redirects to it."""
+    ours, theirs = both(sides, "GET", "/models")
+    assert theirs.status_code == 200 and media_type(theirs) == "application/json"
+    assert ours.status_code in (301, 302) and ours.headers["location"].endswith("/models/")
+
+
+def test_concurrency_limit_counts_the_waiting(sides):
+    """fifo's concurrencyLimit (2 for org/model) counts waiting requests too: of a burst of
+    four, two are served and two get 429 at once, on both sides."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    body = {"model": "org/model", "messages": [], "fake_delay": 1}
+    with ThreadPoolExecutor(8) as pool:
+        futures = [
+            pool.submit(httpx.post, side.url + "/v1/chat/completions", json=body, timeout=30)
+            for side in sides
+            for _ in range(4)
+        ]
+        answers = [f.result() for f in futures]
+    mine, its = answers[:4], answers[4:]
+    assert sorted(r.status_code for r in its) == [200, 200, 429, 429]
+    assert sorted(r.status_code for r in mine) == [200, 200, 429, 429]
+    refused = [r for r in mine + its if r.status_code == 429]
+    assert all(media_type(r) == "application/json" for r in refused)
+    assert all(r.json()["error"]["type"] for r in refused)

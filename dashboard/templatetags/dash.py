@@ -149,3 +149,11 @@ def pick_reason(row) -> SafeString | str:
             '<span class="uncontested" title="{}">uncontested</span>', UNCONTESTED_TITLE
         )
     return "priority · arrival"
+
+
+@register.filter
+def outcome_text(code: str) -> str:
+    """An outcome code in words (``activity.models.OUTCOME_WORDS``, the one mapping)."""
+    from activity.models import outcome_words
+
+    return outcome_words(str(code))

@@ -107,6 +107,8 @@ _TOP_LEVEL_KEYS = frozenset(
         "logToStdout",
         "logTimeFormat",
         "sendLoadingState",
+        "captureBuffer",
+        "globalConcurrencyLimit",
         "profiles",
         "selectors",
         "peers",
@@ -119,7 +121,6 @@ _TOP_LEVEL_KEYS = frozenset(
 _IGNORED_TOP_LEVEL = {
     "logRequests": "not supported",
     "metricsMaxInMemory": "not supported",
-    "captureBuffer": "request captures are not supported",
     "store": "not supported",
     "ui": "not supported",
     "performance": "not supported",
@@ -145,6 +146,13 @@ class Config:
     """``logTimeFormat``: one of :data:`LOG_TIME_FORMATS`, or "" for the default timestamp."""
     include_aliases_in_list: bool = False
     """``includeAliasesInList``: ``/v1/models`` lists each alias as its own record."""
+    global_concurrency_limit: int = 0
+    """``globalConcurrencyLimit`` (llama-swap #1086): most inference requests in the
+    server at once, waiting or answered, every model and peer together; one more gets
+    429 at once (proxy/views.py). 0: no limit."""
+    capture_buffer_mb: int = 0
+    """``captureBuffer``: MB of memory for request/response captures (web/captures.py);
+    0, our default (llama-swap's is 5), captures nothing."""
     upstream_ignore_paths: tuple[PathPattern, ...] = (compile_re2(DEFAULT_UPSTREAM_IGNORE_PATHS),)
     """``upstream.ignorePaths``: a ``/upstream/<model>/<path>`` whose path matches one
     (searched, unanchored, as Go's ``MatchString``) never loads the model: 409 unless it
@@ -282,6 +290,10 @@ def parse_config(
     include_aliases = read_bool(
         or_default(top.get("includeAliasesInList"), False), "includeAliasesInList"
     )
+    capture_buffer = read_int(or_default(top.get("captureBuffer"), 0), "captureBuffer", 0)
+    global_limit = read_int(
+        or_default(top.get("globalConcurrencyLimit"), 0), "globalConcurrencyLimit", 0
+    )
     ignore_paths = read_upstream_ignore_paths(top.get("upstream"), warnings)
     allow_paths = read_upstream_allow_paths(top.get("upstream"))
 
@@ -325,6 +337,8 @@ def parse_config(
         log_to_stdout=log_to_stdout,
         log_time_format=log_time_format,
         include_aliases_in_list=include_aliases,
+        capture_buffer_mb=capture_buffer,
+        global_concurrency_limit=global_limit,
         upstream_ignore_paths=ignore_paths,
         upstream_allow_paths=allow_paths,
         security=read_security(top.get("security"), warnings),

@@ -8,7 +8,11 @@ The advice holds when, in the recorded window:
   (a batch job while an interactive request waited, say), and aging decided more than
   half of them (``aging`` in the pick's ``reordered_by``); and
 * the interactive p95 wait was over :data:`MIN_INTERACTIVE_P95` seconds and the replay
-  of the suggested settings cuts it by at least a third.
+  of the suggested settings cuts it by at least a third; and
+* the history is big enough to judge (:func:`too_small`): at least
+  :data:`MIN_BAND_REQUESTS` replayed requests in each band that has any, and the
+  suggestion's gain holds against the replay of the settings in effect too (not only
+  against what happened, which the replay reproduces only approximately).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from scheduler.core.simulate import (
 MIN_CROSS_BAND = 10
 MIN_INTERACTIVE_P95 = 30.0
 MIN_GAIN = 1.5
+MIN_BAND_REQUESTS = 30
+"""Fewer replayed requests than this in a band, and its percentiles are noise."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,33 @@ class Advice:
     after: SimResult
 
 
+def too_small(recorded: SimResult, minimum: int = MIN_BAND_REQUESTS) -> str | None:
+    """Why the window cannot be judged (some band has requests, but fewer than
+    ``minimum``), as a sentence for the page; None when every band with requests has
+    enough."""
+    thin = [
+        f"{band.value} {recorded.bands[band].requests}"
+        for band in BANDS
+        if band in recorded.bands and 0 < recorded.bands[band].requests < minimum
+    ]
+    if not thin:
+        return None
+    return (
+        f"The history is too small to judge: replayed requests per band {', '.join(thin)} "
+        f"(fewer than {minimum}). Differences between the columns at this size are noise; record more "
+        "traffic or widen the window before changing settings."
+    )
+
+
+def within_noise(replay_current: SimResult, replay_suggested: SimResult) -> bool:
+    """Does the suggestion's interactive gain vanish against the replay of the settings in
+    effect? (The replay reproduces what happened only approximately: a gain measured
+    against the recording alone may be the replay's error.)"""
+    now = replay_current.bands[Band.INTERACTIVE].wait_p95
+    would = replay_suggested.bands[Band.INTERACTIVE].wait_p95
+    return now < MIN_GAIN * would
+
+
 def advise(
     recorded: SimResult,
     current: SchedulerSettings,
@@ -108,6 +141,8 @@ def advise(
     would = replay_suggested.bands[Band.INTERACTIVE].wait_p95
     if was < MIN_INTERACTIVE_P95 or was < MIN_GAIN * would:
         return None
+    if too_small(recorded) is not None or within_noise(replay_current, replay_suggested):
+        return None  # the page says why (too_small); no advice on noise
     suggested = replay_suggested.settings
     batch_was = replay_current.bands[Band.BATCH].wait_max
     batch_would = replay_suggested.bands[Band.BATCH].wait_max

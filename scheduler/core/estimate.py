@@ -16,6 +16,7 @@ trace.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -86,6 +87,8 @@ class RunningMeans:
 
     def __init__(self, default_service: float = DEFAULT_SERVICE_SECONDS) -> None:
         self._service: dict[str, tuple[float, int]] = {}
+        self._squares: dict[str, float] = {}
+        """Sum of squared service seconds per model, for :meth:`spread`."""
         self._by_band: dict[tuple[str, Band], tuple[float, int]] = {}
         self._band: dict[Band, tuple[float, int]] = {}
         self._load: dict[str, tuple[float, int]] = {}
@@ -94,11 +97,24 @@ class RunningMeans:
     def add_service(self, model: str, seconds: float, band: Band | None = None) -> None:
         total, count = self._service.get(model, (0.0, 0))
         self._service[model] = (total + seconds, count + 1)
+        self._squares[model] = self._squares.get(model, 0.0) + seconds * seconds
         if band is not None:
             total, count = self._by_band.get((model, band), (0.0, 0))
             self._by_band[(model, band)] = (total + seconds, count + 1)
             total, count = self._band.get(band, (0.0, 0))
             self._band[band] = (total + seconds, count + 1)
+
+    def spread(self, model: str) -> float | None:
+        """Standard deviation of ``model``'s service seconds (None under two samples)."""
+        total, count = self._service.get(model, (0.0, 0))
+        if count < 2:
+            return None
+        variance = self._squares.get(model, 0.0) / count - (total / count) ** 2
+        return math.sqrt(max(0.0, variance) * count / (count - 1))
+
+    def samples(self, model: str) -> int:
+        """Finished jobs of ``model`` measured so far."""
+        return self._service.get(model, (0.0, 0))[1]
 
     def band_mean(self, band: Band) -> float | None:
         total, count = self._band.get(band, (0.0, 0))
@@ -231,9 +247,12 @@ class WaitEstimator:
         self, model: str, band: Band, started: float, now: float, loading: bool = False
     ) -> float:
         """What is probably left of the running job (0 once it overruns its mean)."""
+        return max(0.0, self.usual(model, band, loading) - (now - started))
+
+    def usual(self, model: str, band: Band, loading: bool = False) -> float:
+        """A job's usual time: its model's (and band's) mean, plus a load if it loads."""
         times = self.means.times(self.default_load)
-        expected = times.service_of(model, band) + (times.load_of(model) if loading else 0.0)
-        return max(0.0, expected - (now - started))
+        return times.service_of(model, band) + (times.load_of(model) if loading else 0.0)
 
     def estimates(
         self,
@@ -245,3 +264,77 @@ class WaitEstimator:
         """Seconds until each shown request (in dispatch order) is picked."""
         times = self.means.times(self.default_load, self.rates, now)
         return estimate_waits(in_order, loaded, running_left, times)
+
+
+@dataclass(frozen=True)
+class WaitRange:
+    """A waiting request's estimated wait as a person should read it (:func:`wait_range`)."""
+
+    seconds: float
+    """The point estimate (:func:`estimate_waits`)."""
+    low: float
+    """It will probably wait at least this long."""
+    high: float | None
+    """... and probably at most this long; None: unknown (the running job overran)."""
+    at_least: bool
+    """The running job is past its usual time: nobody knows when it ends, so the wait is
+    at least ``seconds`` plus whatever the running job still takes."""
+    overrun: float
+    """Seconds the running job is past its usual time (0 when it is not)."""
+    measured: bool
+    """The figures come from finished jobs (else from defaults: a guess)."""
+
+
+def wait_range(
+    estimate: float,
+    *,
+    spread: float,
+    running_usual: float | None,
+    running_elapsed: float,
+    measured: bool = True,
+) -> WaitRange:
+    """How to read ``estimate`` (seconds until the request is picked, from
+    :func:`estimate_waits`).
+
+    ``spread``: the standard deviation of the time ahead (the jobs ahead and what is left
+    of the running one, :func:`spreads`); the likely range is the estimate plus or
+    minus it. ``running_usual``: the running job's usual time (its model's mean, plus a
+    load if it is loading), None when the lane is idle; ``running_elapsed``: how long it
+    has run. Once it has run past its usual time, :func:`estimate_waits` counts nothing
+    left of it, so the estimate becomes a floor: ``at_least``, no upper bound."""
+    estimate = max(0.0, estimate)
+    spread = max(0.0, spread)
+    overrun = 0.0
+    if running_usual is not None and running_elapsed > running_usual:
+        overrun = running_elapsed - running_usual
+    if overrun > 0:
+        return WaitRange(estimate, estimate, None, True, overrun, measured)
+    return WaitRange(estimate, max(0.0, estimate - spread), estimate + spread, False, 0.0, measured)
+
+
+def spreads(
+    models_in_order: Iterable[str], running: Iterable[str], means: RunningMeans
+) -> list[float]:
+    """For each request of a lane in dispatch order (its model in ``models_in_order``):
+    the standard deviation of the time until it is picked, counting the running jobs
+    (``running``: their models) and the jobs ahead of it as independent (their variances
+    add). A model with fewer than two measured jobs counts half its mean (else the
+    default service time) as its spread. O(len) in one pass."""
+    times = means.times()
+    cache: dict[str, float] = {}
+
+    def variance(model: str) -> float:
+        value = cache.get(model)
+        if value is None:
+            sd = means.spread(model)
+            if sd is None:
+                sd = 0.5 * times.service_of(model)
+            value = cache[model] = sd * sd
+        return value
+
+    total = sum(variance(model) for model in running)
+    out = []
+    for model in models_in_order:
+        out.append(math.sqrt(total))
+        total += variance(model)
+    return out

@@ -80,6 +80,15 @@
     }
   }
 
+  // Open or keyed (the key ring, live); since when and by whom stays from the first paint.
+  function renderAccess(snap) {
+    var pill = $("#access");
+    if (!pill || !snap.access) return;
+    pill.textContent = snap.access.text;
+    pill.className = "access access-" + (snap.access.keyed ? "keyed" : "open");
+    pill.dataset.keyed = snap.access.keyed ? "true" : "false";
+  }
+
   function renderConfig(snap) {
     var banner = $("#config-error");
     if (!banner) return;
@@ -206,6 +215,7 @@
     renderGpu(snap);
     renderConfig(snap);
     renderAdvice(snap);
+    renderAccess(snap);
     renderSettings(snap);
     renderWaiting(snap);
     renderDecisions(snap);

@@ -170,6 +170,9 @@ class Command(BaseCommand):
         except ConfigError as error:
             raise CommandError(f"config {path or config_dir}: {error}") from None
         apply_log_config(config)  # logLevel, logTimeFormat, logToStdout: from the first line on
+        from scheduler import proxylog
+
+        proxylog.install()  # /logs/stream/proxy and the logs page keep llamaswap's own lines
         reloader = Reloader(path, config_dir)
         prepare_server()  # state dir, subreaper, kill what dead instances left (scheduler.spawn)
         http_server.install_limits(config.limits)  # slow or oversized clients, per connection

@@ -1,0 +1,122 @@
+"""llama-swap's web-UI API on the lean proxy handler: ``/running``'s records,
+``GET /api/version`` and ``POST /api/inflight/{id}/cancel``.
+
+Thin async views; what they answer is llama-swap's shape (``docs/llama-swap-compat.md``).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from importlib import metadata
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from scheduler import runtime
+from scheduler.config import ModelConfig
+from scheduler.keys import Scope
+from web.access import cross_origin
+from web.cancel import CancelOutcome, cancel_request, key_of
+from web.errors import cross_origin_refused, echo, error_response
+
+_SECRET_FLAG = re.compile(r"^--?[\w-]*(key|token|secret|passw(or)?d)$", re.IGNORECASE)
+"""A command-line flag whose value is a credential (``--api-key``, ``--hf-token``)."""
+REDACTED = "***"
+PROG = "llamaswap"
+"""The distribution's name (``-version`` says the same, llamaswap_site/cli.py)."""
+
+
+def shown_cmd(model: ModelConfig) -> str:
+    """The model's ``cmd`` as ``/running`` shows it: its argv joined shell-style, the value
+    of a credential flag (``--api-key K``, ``--hf-token=T``) replaced by ``***``
+    (llama-swap shows it whole, to every key that may list the running models)."""
+    words: list[str] = []
+    hide_next = False
+    for word in model.cmd:
+        if hide_next:
+            words.append(REDACTED)
+            hide_next = False
+            continue
+        flag, eq, _value = word.partition("=")
+        if _SECRET_FLAG.match(flag):
+            if eq:
+                words.append(f"{flag}={REDACTED}")
+            else:
+                words.append(word)
+                hide_next = True
+            continue
+        words.append(word)
+    return shlex.join(words)
+
+
+def running_record(model_id: str, state: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """One ``/running`` record: llama-swap's keys (``model``, ``state``, ``cmd``,
+    ``proxy``, ``ttl``, ``name``, ``description``) then ours (``lane``)."""
+    model = runtime.current().config.models.get(model_id)
+    record: dict[str, Any] = {"model": model_id, "state": state}
+    if model is not None:
+        record.update(
+            cmd=shown_cmd(model),
+            proxy=model.proxy,
+            ttl=model.ttl,
+            name=model.name,
+            description=model.description,
+        )
+    record.update(extra)
+    return record
+
+
+async def running(request: HttpRequest) -> HttpResponse:
+    """GET /running: every model not stopped, sorted by id, as llama-swap lists them."""
+    records = [
+        running_record(
+            entry["model"],
+            entry["state"],
+            {k: v for k, v in entry.items() if k not in ("model", "state")},
+        )
+        for entry in runtime.current().dispatcher.running_models()
+    ]
+    records.sort(key=lambda record: record["model"])
+    return JsonResponse({"running": records})
+
+
+async def version(request: HttpRequest) -> HttpResponse:
+    """GET /api/version: llama-swap's keys (``version``, ``commit``, ``build_date``)."""
+    try:
+        number = metadata.version(PROG)
+    except metadata.PackageNotFoundError:
+        number = "(not installed)"
+    return JsonResponse({"version": number, "commit": PROG, "build_date": "unknown"})
+
+
+@csrf_exempt
+async def cancel_inflight(request: HttpRequest, request_id: str) -> HttpResponse:
+    """POST /api/inflight/{id}/cancel: cancel a request waiting or being answered, by the
+    id its client got (``X-LlamaSwap-Request-Id``). ``{"msg": "ok"}`` as llama-swap, with
+    ``was`` (``waiting`` or ``running``); 404 when no such request is in flight. Never
+    from another site's page (it would stop other people's requests)."""
+    reason = cross_origin(request)
+    if reason is not None:
+        return cross_origin_refused(reason)
+    key = (getattr(request, "scope", None) or {}).get("llamaswap.api_key")
+    by = "api"
+    if key is not None:  # a staff session has none: it may cancel any
+        by = f"API key {key.name}"
+        if not key.allows(Scope.OPERATOR) and key_of(request_id) not in (None, key.name):
+            return error_response(
+                403,
+                f"API key {echo(key.name)} may cancel only the requests it sent "
+                "(a key with the operator scope may cancel any)",
+                code="insufficient_scope",
+            )
+    outcome = cancel_request(request_id, by=by)
+    if outcome is CancelOutcome.NOT_FOUND:
+        return error_response(
+            404,
+            f"inflight request {echo(request_id)} not found",
+            code="request_not_found",
+        )
+    was = "waiting" if outcome is CancelOutcome.CANCELLED_WAITING else "running"
+    return JsonResponse({"msg": "ok", "was": was})

@@ -1,0 +1,117 @@
+"""Cancelling a request that waits for its turn or is being answered: the one place that does it.
+
+``POST /api/inflight/{id}/cancel`` (llama-swap's route) and the dashboard's Cancel button
+both call :func:`cancel_request`. A scheduled request is tracked from the moment it takes
+its turn (:func:`track`, called by ``proxy.relay``) until its task ends, so the table holds
+only requests that are alive: it is bounded by the requests the server holds anyway.
+
+Cancelling cancels the request's task, as a client's disconnect does, so its turn ends
+through the one path every request ends by (``proxy.turn.Turn``), as "cancelled":
+
+* waiting (or its model loading, or its request on the way to the model): the client gets
+  ``499 request_cancelled`` (OpenAI-shaped JSON, a status no client library retries);
+* being answered: the answer stops (a stream ends without ``[DONE]``).
+
+Requests forwarded to a peer take no turn and are not tracked here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import logging
+from typing import Any
+
+from scheduler.dispatcher import Ticket, TicketState
+
+log = logging.getLogger("llamaswap.proxy")
+
+CANCELLED_STATUS = 499
+"""The status a cancelled request that was not yet answered gets (nginx's "closed
+request"): a 4xx, so OpenAI's client libraries do not send it again."""
+
+
+class CancelOutcome(enum.Enum):
+    """What :func:`cancel_request` did."""
+
+    NOT_FOUND = "not_found"
+    """No such request in flight (never was, already over, or a peer's)."""
+    CANCELLED_WAITING = "cancelled_waiting"
+    """It had not been granted its turn: it leaves the queue."""
+    CANCELLED_RUNNING = "cancelled_running"
+    """Its model was loading for it or answering it: that stops."""
+
+
+class _Entry:
+    __slots__ = ("ticket", "task", "by")
+
+    def __init__(self, ticket: Ticket, task: asyncio.Task[Any]) -> None:
+        self.ticket = ticket
+        self.task = task
+        self.by: str | None = None
+
+
+_live: dict[str, _Entry] = {}
+"""request id -> the request's ticket and task, while its task runs."""
+
+
+def track(ticket: Ticket) -> None:
+    """Make the current task's request cancellable by its id (until the task ends)."""
+    task = asyncio.current_task()
+    if task is None:
+        return
+    request_id = ticket.request_id
+    _live[request_id] = _Entry(ticket, task)
+    task.add_done_callback(functools.partial(_forget, request_id))
+
+
+def _forget(request_id: str, task: asyncio.Task[Any]) -> None:
+    entry = _live.get(request_id)
+    if entry is not None and entry.task is task:
+        del _live[request_id]
+
+
+def cancel_request(request_id: str, by: str = "api") -> CancelOutcome:
+    """Cancel the request ``request_id`` (waiting or being answered); ``by`` says who, for
+    the log. Idempotent: a second call finds it being cancelled and says the same. Call it
+    on the server's event loop (an async view); a sync view's thread may not cancel a task.
+    """
+    entry = _live.get(request_id)
+    if entry is None or entry.task.done():
+        return CancelOutcome.NOT_FOUND
+    state = entry.ticket.state
+    if entry.ticket.outcome is not None and entry.by is None:
+        return CancelOutcome.NOT_FOUND  # over: its answer is being sent
+    outcome = (
+        CancelOutcome.CANCELLED_WAITING
+        if state is TicketState.WAITING
+        else CancelOutcome.CANCELLED_RUNNING
+    )
+    if entry.by is None:
+        entry.by = by
+        entry.ticket.extra["cancelled_by"] = by
+        log.info(
+            "request cancelled",
+            extra={"request_id": request_id, "model": entry.ticket.model.id, "by": by},
+        )
+        entry.task.cancel(f"cancelled by {by}")
+    return outcome
+
+
+def cancelled_by(request_id: str) -> str | None:
+    """Who cancelled ``request_id`` (None: nobody; a disconnect, say)."""
+    entry = _live.get(request_id)
+    return entry.by if entry is not None else None
+
+
+def live_ids() -> list[str]:
+    """The ids of the requests that can be cancelled now (for tests and snapshots)."""
+    return list(_live)
+
+
+def key_of(request_id: str) -> str | None:
+    """The name of the API key ``request_id`` came with ("" none) while it can be
+    cancelled; None when it cannot (not in flight)."""
+    entry = _live.get(request_id)
+    return entry.ticket.api_key if entry is not None else None
