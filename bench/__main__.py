@@ -19,6 +19,7 @@ MODULES = [
     "bench.bench_journal",
     "bench.bench_swap",
     "bench.bench_versus",
+    "bench.bench_dashboard",
 ]
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"

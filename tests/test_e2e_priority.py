@@ -34,7 +34,10 @@ async def run_behind_blocker(server, blocker: dict, queued: list[tuple[dict, str
             # Arrival order is part of the contract (ties keep it): send one at a time.
             await asyncio.to_thread(server.wait_queue, len(tasks))
         responses = await asyncio.gather(first, *tasks)
-    assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+    assert all(r.status_code == 200 for r in responses), (
+        [(r.status_code, r.text[:300]) for r in responses if r.status_code != 200],
+        server.log()[-3000:],
+    )
     return responses
 
 

@@ -31,8 +31,13 @@ from tests.conftest import pick_free_port
 from tests.server import fake_model, migrate_database
 
 ROOT = Path(__file__).resolve().parent.parent
+_CANDIDATES = [
+    ROOT.parent / "shared/tools/llama-swap/llama-swap",  # beside the checkout
+    Path("/work/shared/tools/llama-swap/llama-swap"),  # the machine's copy (a CI clone elsewhere)
+]
 BINARY = Path(
-    os.environ.get("LLAMA_SWAP_BIN") or ROOT.parent / "shared/tools/llama-swap/llama-swap"
+    os.environ.get("LLAMA_SWAP_BIN")
+    or next((p for p in _CANDIDATES if os.access(p, os.X_OK)), _CANDIDATES[0])
 )
 
 pytestmark = [

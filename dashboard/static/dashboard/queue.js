@@ -213,10 +213,14 @@
     var button = document.getElementById("live-cancel");
     var note = document.getElementById("live-message");
     var ended = false;
+    var unrecorded = 0;
 
     var paint = function (s) {
       if (!s.in_flight) {
-        ended = true;
+        // Records are written in batches after the turn: keep asking until it is there
+        // (at most a minute), then show it.
+        unrecorded += 1;
+        ended = s.recorded || unrecorded > 60;
         card.setAttribute("data-state", "ended");
         place.textContent = "Its turn has ended.";
         estimate.textContent = "";
