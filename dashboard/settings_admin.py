@@ -27,6 +27,7 @@ from django.utils.text import capfirst
 from dashboard import settings_store
 from dashboard.models import SchedulerSettingsRecord, SettingsChange
 from dashboard.templatetags.dash import timetag
+from scheduler.config import ConfigError, resolve_fifo_priority
 from scheduler.core.policy import SchedulerSettings, SettingsError
 from scheduler.core.priority import BANDS
 from scheduler.core.settings import BY_NAME, SETTINGS, Kind, Section, Setting
@@ -324,7 +325,26 @@ class _SettingsForm(forms.ModelForm):
             self.validated = settings_store.to_settings(self.raw_values())
         except SettingsError as error:
             self.add_error(field_for_key(error.key), str(error))
+            return data
+        self._check_fifo_models()
         return data
+
+    def _check_fifo_models(self) -> None:
+        """fifoPriority names models of the running config, by the rule `llamaswap check`
+        applies to the file (scheduler.config.resolve_fifo_priority)."""
+        from scheduler import runtime
+
+        if not runtime.is_running():
+            return  # no config here to check against: `serve` checks it at start
+        config = runtime.current().config
+        try:
+            resolved = resolve_fifo_priority(
+                self.validated.fifo_priority, config.models, config.aliases
+            )
+        except ConfigError as error:
+            self.add_error(field_for_key(FIFO_KEY), f"{error.key}: {error.message}")
+            return
+        self.validated = self.validated.with_changes(fifo_priority=resolved)
 
     def save(self, commit: bool = True) -> SchedulerSettingsRecord:
         self.instance.values = self.validated.as_dict()

@@ -10,7 +10,7 @@ from django.urls import reverse
 from dashboard.models import SchedulerSettingsRecord, SettingsChange
 from dashboard.settings_store import apply_at_start, apply_at_start_or_config, save_admin_edit
 from scheduler import runtime
-from scheduler.config import Config
+from scheduler.config import parse_config
 from scheduler.core.policy import SchedulerSettings
 from scheduler.core.settings import BY_FIELD
 
@@ -119,10 +119,21 @@ class _Dispatcher:
 def running():
     dispatcher = _Dispatcher()
     runtime.install(
-        runtime.Runtime(config=Config(models={}), dispatcher=dispatcher, upstreams=None)
+        runtime.Runtime(config=RUNNING_CONFIG, dispatcher=dispatcher, upstreams=None)
     )  # type: ignore[arg-type]
     yield dispatcher
     runtime.install(None)
+
+
+RUNNING_CONFIG = parse_config(
+    {
+        "models": {
+            name: {"cmd": "fake --port ${PORT}", "aliases": aliases}
+            for name, aliases in (("qwen3", ["qwen"]), ("llama", []), ("m", []))
+        }
+    }
+)
+"""The running server's models: fifoPriority may name them (or their aliases) only."""
 
 
 @pytest.fixture
@@ -348,3 +359,19 @@ def test_invalid_bounds_are_refused_with_the_config_key(admin_client, running, c
     assert response.status_code == 200
     assert message in response.content.decode()
     assert running.calls == []
+
+
+def test_fifo_priority_names_models_of_the_running_config_as_check_does(admin_client, running):
+    apply_at_start(CONFIG)
+    form = _form(**_rows(("nosuch", "5")))
+    del form["fifo_priority"]
+    response = admin_client.post(_change_url(), form)
+    assert response.status_code == 200
+    assert "fifo.priority.nosuch: unknown model &#x27;nosuch&#x27;" in response.content.decode()
+    assert running.calls == [] and not SettingsChange.objects.exists()
+    # An alias is applied and stored as its model's id, by the config file's rule.
+    form = _form(**_rows(("qwen", "5")))
+    del form["fifo_priority"]
+    assert admin_client.post(_change_url(), form).status_code == 302
+    ((settings, _),) = running.calls
+    assert dict(settings.fifo_priority) == {"qwen3": 5}

@@ -100,6 +100,7 @@ from scheduler.config.routing import (
     KEY_LANES,
     ROUTER_PREFIX,
     QueueBounds,
+    resolve_fifo_priority,
 )
 from scheduler.config.server import (
     DEFAULT_UPSTREAM_ALLOW_PATHS,
@@ -115,6 +116,7 @@ from scheduler.config.values import (
 from scheduler.core.lanes import DEFAULT_LANE  # the lane of models on no named lane
 
 __all__ = [
+    "resolve_fifo_priority",
     "DEFAULT_LANE",
     "Capabilities",
     "Config",

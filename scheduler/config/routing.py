@@ -120,12 +120,22 @@ def read_scheduler_settings(
         first, *rest = problems
         raise ConfigError(first.key, first.message, also=rest)
     checked = SchedulerSettings.create(**raw)
+    return checked.with_changes(
+        fifo_priority=resolve_fifo_priority(checked.fifo_priority, models, aliases)
+    )
 
-    # Priorities are looked up by the model id a request resolves to, so an alias is
-    # rewritten to its model's id; naming one model twice is ambiguous and an error.
+
+def resolve_fifo_priority(
+    fifo_priority: Mapping[str, int],
+    models: Mapping[str, ModelConfig],
+    aliases: Mapping[str, str],
+) -> dict[str, int]:
+    """fifoPriority keyed by the model id a request resolves to (an alias is rewritten to
+    its model's id). An unknown model, or one named twice, is a :class:`ConfigError`
+    naming the key: the one rule for the config file and the admin's form."""
     priorities: dict[str, int] = {}
     named_by: dict[str, str] = {}
-    for name, priority in checked.fifo_priority.items():
+    for name, priority in fifo_priority.items():
         model_id = real_model_id(name, models, aliases)
         if model_id is None:
             raise ConfigError(f"{KEY_FIFO}.{name}", f"unknown model {name!r}")
@@ -136,7 +146,7 @@ def read_scheduler_settings(
             )
         priorities[model_id] = priority
         named_by[model_id] = name
-    return checked.with_changes(fifo_priority=priorities)
+    return priorities
 
 
 ROUTER_PREFIX = "routing.router"
