@@ -194,12 +194,8 @@ class FifoPriorityField(forms.Field):
         result: dict[str, Any] = {}
         for number, (model, priority) in enumerate(value, start=1):
             model, priority = model.strip(), priority.strip()
-            if not model and not priority:
-                continue
             if not model:
-                raise ValidationError(
-                    f"{FIFO_KEY}: row {number} has the priority {priority!r} but no model id"
-                )
+                continue  # a cleared model id removes its row, as the help text says
             if model in result:
                 raise ValidationError(f"{FIFO_KEY}.{model}: given twice")
             if not priority:
