@@ -192,7 +192,7 @@ class FifoPriorityField(forms.Field):
             except ValueError as error:
                 raise ValidationError(f"{FIFO_KEY}: not a JSON object ({error})") from None
         result: dict[str, Any] = {}
-        for number, (model, priority) in enumerate(value, start=1):
+        for model, priority in value:
             model, priority = model.strip(), priority.strip()
             if not model:
                 continue  # a cleared model id removes its row, as the help text says
