@@ -257,7 +257,11 @@ def test_soak_hostile_websockets_leave_the_server_bounded(server):
         by_kind: dict[str, set[str]] = {}
         for kind, end in zip(kinds, ends, strict=True):
             by_kind.setdefault(kind, set()).add(end)
-        assert by_kind["flood"] == {"closed 1008"}, by_kind
+        # Every flooder is cut. Most read the 1008 close frame; one whose unread flood is
+        # still in the server's receive buffer when the server closes gets a TCP reset
+        # that can overtake the frame ("closed None"): cut all the same.
+        assert by_kind["flood"] <= {"closed 1008", "closed None"}, by_kind
+        assert kinds.count("flood") > 1 and "closed 1008" in by_kind["flood"], by_kind
         assert by_kind["garbage"] == {"closed 4400"} and by_kind["binary"] == {"closed 4400"}
         assert by_kind["big"] <= {"closed 1009", "closed None"}, by_kind  # autobahn drops it
         assert by_kind["silent"] == {"dropped"}, by_kind
