@@ -40,11 +40,11 @@ def rewrite(server: Server, models: dict) -> None:
     server.config_path.write_text(yaml.safe_dump(config))
 
 
-def until(what: str, check, timeout: float = 15) -> None:
+def until(what: str, check, timeout: float = 15, why=lambda: "") -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} never happened")
+            raise AssertionError(f"{what} never happened: {why()}")
         time.sleep(0.05)
 
 
@@ -98,9 +98,14 @@ def test_watch_config_picks_up_an_edit(tmp_path):
         server.wait_ready()
         assert httpx.post(server.url + "/v1/chat/completions", json=chat("a")).status_code == 200
         rewrite(server, {**models, "b": fake_model(port + 1)})
-        until("b served", lambda: httpx.post(
-            server.url + "/v1/chat/completions", json=chat("b"), timeout=30
-        ).status_code == 200)
+        answers: list[str] = []
+
+        def b_served() -> bool:
+            r = httpx.post(server.url + "/v1/chat/completions", json=chat("b"), timeout=30)
+            answers[:] = [f"{r.status_code} {r.text[:200]}"]
+            return r.status_code == 200
+
+        until("b served", b_served, timeout=30, why=lambda: (answers, server.log()[-2000:]))
         r = httpx.post(server.url + "/v1/chat/completions", json=chat("a"), timeout=30)
         assert r.status_code == 200
         assert "config reload applied" in server.log_path.read_text()
