@@ -1,7 +1,8 @@
 """Arrows point one way: each package imports only the packages below it, and no module
 imports itself back through others.
 
-    scheduler.core  <  scheduler  <  activity  <  web  <  proxy | dashboard  <  llamaswap_site
+    scheduler.core  <  scheduler  <  activity | control  <  web | fleet  <  proxy | dashboard
+        <  llamaswap_site
 
 ``proxy`` and ``dashboard`` share a rank and import nothing of each other: what both need
 (OpenAI-shaped errors, the path tables, the cross-site rule) lives in ``web`` below them.
@@ -28,13 +29,25 @@ RANK = {
     "scheduler.core": 0,
     "scheduler": 1,
     "activity": 2,
+    "control": 2,
     "web": 3,
+    "fleet": 3,
     "proxy": 4,
     "dashboard": 4,
     "llamaswap_site": 5,
 }
 """Each package's place. Packages of one rank are siblings: neither imports the other."""
-PACKAGES = ("fakellm", "scheduler", "activity", "web", "proxy", "dashboard", "llamaswap_site")
+PACKAGES = (
+    "fakellm",
+    "scheduler",
+    "activity",
+    "control",
+    "web",
+    "fleet",
+    "proxy",
+    "dashboard",
+    "llamaswap_site",
+)
 CORE_FORBIDDEN = {"django", "asyncio", "httpx", "time", "channels", "daphne", "twisted"}
 
 MAX_LINES = 600
