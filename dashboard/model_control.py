@@ -10,7 +10,7 @@
 * ``POST /models/control/`` (the models page, a staff session, the CSRF token):
   ``action`` = ``load`` | ``unload`` | ``unload_all``, ``model``.
 
-Every load and unload asked for here is a :class:`dashboard.models.SettingsChange` row
+Every load and unload asked for here is a :class:`control.models.SettingsChange` row
 (field ``model load`` / ``model unload``, new: the model id or ``*``, who), as profile
 switches are. The proxy's ``/api/models/unload`` (llama-swap's, for scripts) is unchanged.
 """
@@ -96,7 +96,7 @@ async def _record(who: str, field: str, model: str) -> None:
 
 
 def _audit(who: str, field: str, model: str) -> None:
-    from dashboard.models import SettingsChange
+    from control.models import SettingsChange
 
     SettingsChange.objects.create(
         who=who[:150], field=field, old=None, new=model, source=SettingsChange.SOURCE_ADMIN

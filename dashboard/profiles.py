@@ -10,7 +10,7 @@ audit trail.
 * The dashboard's control (``POST /dashboard/profile/``, a form with the CSRF token): staff
   members only (a staff login has every scope).
 
-Every change is a :class:`dashboard.models.SettingsChange` row (field ``profile``, old and
+Every change is a :class:`control.models.SettingsChange` row (field ``profile``, old and
 new, who: the staff member or the API key's name), as admin settings edits are. As in
 llama-swap no profile is active after a start; the choice lives in the running server,
 and a config reload keeps it while the new config still has it
@@ -66,7 +66,7 @@ async def switch(name: str, who: str) -> tuple[str, str]:
 
 
 def _audit(who: str, old: str, new: str) -> None:
-    from dashboard.models import SettingsChange
+    from control.models import SettingsChange
 
     SettingsChange.objects.create(
         who=who[:150],

@@ -426,7 +426,7 @@ async def cancel_view(request: HttpRequest, request_id: str) -> HttpResponse:
 
 
 def _audit(who: str, request_id: str, was: str) -> None:
-    from dashboard.models import SettingsChange
+    from control.models import SettingsChange
 
     SettingsChange.objects.create(
         who=who[:150],

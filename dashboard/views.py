@@ -51,7 +51,7 @@ def access_state() -> dict[str, Any]:
     access control row: since when, by whom (one indexed row; a worker thread)."""
     from django.db import DatabaseError
 
-    from dashboard.models import AccessControl
+    from control.models import AccessControl
 
     try:
         row = AccessControl.objects.filter(pk=AccessControl.SINGLETON_PK).first()

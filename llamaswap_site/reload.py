@@ -6,7 +6,7 @@ waiting is lost, unchanged models keep running). A config with errors is refused
 old one stays in force; the refusal is logged and shown on the dashboard
 (:attr:`ConfigStatus`). The scheduler settings follow the same rule as at a start
 (``scheduler.core.settings.merge_at_start``, applied to the stored record by
-``dashboard.settings_store``): an admin edit stays in force unless the config file's value
+``control.settings_store``): an admin edit stays in force unless the config file's value
 for that key changed.
 
 Needs a restart: ``limits`` (applied per connection by the HTTP server). The logging keys
@@ -129,7 +129,7 @@ class Reloader:
 def _with_stored_settings(config: Config) -> tuple[Config, str | None]:
     """The config with the scheduler settings in force (admin edits kept where the config
     file's value did not change: ``scheduler.core.settings.merge_at_start``)."""
-    from dashboard.settings_store import apply_at_start_or_config
+    from control.settings_store import apply_at_start_or_config
 
     stored = apply_at_start_or_config(config.scheduler)
     return dataclasses.replace(config, scheduler=stored.settings), stored.source

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 urlpatterns = [
+    path("admin/", include("control.urls")),  # the control records' old admin addresses
     path("admin/", admin.site.urls),
     path("", include("proxy.urls")),
     path("api/", include("dashboard.api_urls")),  # activity log API (read-only)

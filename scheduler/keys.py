@@ -23,7 +23,7 @@ The rule, applied to the ``X-LlamaSwap-Priority`` header:
 What a key may reach is its :class:`Scope` set: inference only unless the key is granted
 more (``llamaswap_site.asgi`` maps every path to the scope it needs). A box "stays keyed"
 (:attr:`KeyRing.required`): once any key has been in force, removing the last one does not
-open it; only an operator's explicit act does (dashboard/keys.py keeps that in the
+open it; only an operator's explicit act does (control/keys.py keeps that in the
 database).
 
 A key is presented as llama-swap reads it: the password of ``Authorization: Basic``, then

@@ -133,7 +133,7 @@ def test_dashboard_live_request_page_and_admin_edit(server, browser):
         page.screenshot(path=str(ARTIFACTS / "request-page.png"), full_page=True)
 
         # Admin: log in and set swapAffinityBonus to 0.
-        log_in(page, url + "/admin/dashboard/schedulersettingsrecord/", ADMIN_PASSWORD)
+        log_in(page, url + "/admin/control/schedulersettingsrecord/", ADMIN_PASSWORD)
         page.wait_for_selector("#id_swap_affinity_bonus", timeout=5000)
         page.fill("#id_swap_affinity_bonus", "0")
         page.click("input[name=_save]")
@@ -279,7 +279,7 @@ def test_times_are_local_24_hour_with_the_zone_named_and_chart_labels_apart(serv
         page.screenshot(path=str(ARTIFACTS / "request-missing.png"), full_page=True)
 
         # The admin: numbers as typed, fifo priorities as rows, times zoned.
-        log_in(page, url + "/admin/dashboard/schedulersettingsrecord/", ADMIN_PASSWORD)
+        log_in(page, url + "/admin/control/schedulersettingsrecord/", ADMIN_PASSWORD)
         page.wait_for_selector("#id_aging_divisor", timeout=5000)
         assert page.input_value("#id_aging_divisor") == "60"
         page.fill("#id_fifo_priority", "alpha")

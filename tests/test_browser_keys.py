@@ -53,7 +53,7 @@ def test_the_first_key_warns_locks_clients_out_and_staff_still_read_everything(t
                 assert page.get_attribute("#access", "data-keyed") == "false"
 
                 # The key form says what the first key does, before anything is issued.
-                page.goto(url + "/admin/dashboard/issuedkey/add/")
+                page.goto(url + "/admin/control/issuedkey/add/")
                 form = page.inner_text("#content")
                 assert (
                     "No API key is required yet: issuing this key turns access control on" in form
@@ -68,7 +68,7 @@ def test_the_first_key_warns_locks_clients_out_and_staff_still_read_everything(t
                 ARTIFACTS.mkdir(exist_ok=True)
                 page.screenshot(path=str(ARTIFACTS / "first-key-issued.png"), full_page=True)
                 # Shown once: the change list has its prefix only.
-                page.goto(url + "/admin/dashboard/issuedkey/")
+                page.goto(url + "/admin/control/issuedkey/")
                 assert key not in page.content()
                 assert page.locator("code.issued-key").count() == 0
 

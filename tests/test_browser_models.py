@@ -165,7 +165,7 @@ def test_models_page_loads_unloads_and_shows_a_failed_start_with_its_cause(serve
         timeout=5000,
     )
     # Every act is audited (the admin's change log).
-    page.goto(server.url + "/admin/dashboard/settingschange/")
+    page.goto(server.url + "/admin/control/settingschange/")
     audit = page.inner_text("#result_list")
     assert "model load" in audit and "model unload" in audit and "models page" in audit
 

@@ -181,7 +181,7 @@ def test_cancel_a_waiting_and_a_running_request_from_the_queue_page(server, brow
         assert _ask(url, "alpha").status_code == 200
         assert time.monotonic() - started < 5
         # Both cancels are in the change log, with who did them.
-        page.goto(url + "/admin/dashboard/settingschange/?field=cancel")
+        page.goto(url + "/admin/control/settingschange/?field=cancel")
         log = page.inner_text("#result_list")
         assert log.count("admin (dashboard)") == 2
         assert queued["request_id"] in log and job["request_id"] in log

@@ -209,7 +209,7 @@ def test_revoking_the_last_key_keeps_the_box_keyed_until_staff_turn_it_off(tmp_p
         assert httpx.get(server.url + "/v1/models", timeout=5).status_code == 200  # open
         create_staff(server)
         with staff_client(server.url) as staff:
-            add = server.url + "/admin/dashboard/issuedkey/add/"
+            add = server.url + "/admin/control/issuedkey/add/"
             page = staff.get(add).text
             assert "issuing this key turns access control on" in page
             added = _admin_post(
@@ -223,7 +223,7 @@ def test_revoking_the_last_key_keeps_the_box_keyed_until_staff_turn_it_off(tmp_p
             assert httpx.get(server.url + "/v1/models", headers=bearer, timeout=5).status_code == 200
             assert httpx.get(server.url + "/v1/models", timeout=5).status_code == 401
 
-            changelist = server.url + "/admin/dashboard/issuedkey/"
+            changelist = server.url + "/admin/control/issuedkey/"
             token = csrf_token(staff, changelist)
             record = re.search(r'name="_selected_action" value="(\d+)"', staff.get(changelist).text)
             assert record
@@ -246,13 +246,13 @@ def test_revoking_the_last_key_keeps_the_box_keyed_until_staff_turn_it_off(tmp_p
     with serve(second, models, environ={"DATABASE_URL": database}) as server:
         assert httpx.get(server.url + "/v1/models", timeout=5).status_code == 401
         with httpx.Client(timeout=10, cookies=session) as staff:
-            control = server.url + "/admin/dashboard/accesscontrol/"
+            control = server.url + "/admin/control/accesscontrol/"
             page = staff.get(control, follow_redirects=True)
             assert page.status_code == 200 and "Keys in force" in page.text
             turned_off = _admin_post(staff, str(page.url), {})  # keys_required unchecked
             assert turned_off.status_code == 302, turned_off.text[:1000]
             assert httpx.get(server.url + "/v1/models", timeout=5).status_code == 200  # open
-            audit = staff.get(server.url + "/admin/dashboard/settingschange/?field=accessControl").text
+            audit = staff.get(server.url + "/admin/control/settingschange/?field=accessControl").text
             assert "accessControl" in audit and ADMIN[0] in audit
         assert "access control turned off" in server.log()
 

@@ -180,7 +180,7 @@ async def test_models_list_has_peers_selectors_and_the_active_profiles_pins():
 
 
 async def test_profile_switch_via_the_api_changes_resolution_and_is_audited():
-    from dashboard.models import SettingsChange
+    from control.models import SettingsChange
 
     upstream = Recording()
     async with in_process(config(), transport=upstream) as world:
@@ -228,7 +228,7 @@ async def test_profile_switch_via_the_api_changes_resolution_and_is_audited():
 
 
 async def test_with_keys_the_switch_needs_one_and_names_it():
-    from dashboard.models import SettingsChange
+    from control.models import SettingsChange
 
     ring = KeyRing(
         {
@@ -280,7 +280,7 @@ async def test_the_dashboard_control_switches_for_staff_only():
     from django.template import RequestContext, Template
     from django.test import AsyncClient, RequestFactory
 
-    from dashboard.models import SettingsChange
+    from control.models import SettingsChange
 
     async with in_process(config(), transport=Recording()):
         staff = await User.objects.acreate_user("boss", password="pw-boss-boss", is_staff=True)

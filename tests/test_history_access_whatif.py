@@ -12,8 +12,8 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from activity.models import OUTCOME_WORDS, RequestRecord, outcome_words
+from control.keys import set_keys_required
 from dashboard import whatif
-from dashboard.keys import set_keys_required
 from dashboard.snapshot import access_block
 from scheduler.core.policy import SchedulerSettings
 from scheduler.core.priority import Band

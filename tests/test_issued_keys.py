@@ -1,5 +1,5 @@
 """Admin-issued API keys: made in the admin, shown once, stored hashed, and reloaded into
-the running key ring on every save, revoke and delete (dashboard/keys.py)."""
+the running key ring on every save, revoke and delete (control/keys.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.urls import reverse
 
-from dashboard import keys as issued
-from dashboard.admin import IssuedKeyForm
-from dashboard.models import IssuedKey
+from control import keys as issued
+from control.admin import IssuedKeyForm
+from control.models import IssuedKey
 from scheduler import runtime
 from scheduler.config import Config, parse_config
 from scheduler.keys import ApiKey, KeyPolicy, KeyRing, digest
@@ -20,8 +20,8 @@ from tests.asgi import Call, Gate, in_process
 pytestmark = pytest.mark.django_db
 
 KEY_SHOWN = re.compile(r'<code class="issued-key">(sk-llamaswap-[A-Za-z0-9_-]+)</code>')
-ADD_URL = "admin:dashboard_issuedkey_add"
-LIST_URL = "admin:dashboard_issuedkey_changelist"
+ADD_URL = "admin:control_issuedkey_add"
+LIST_URL = "admin:control_issuedkey_changelist"
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_adding_shows_the_key_once_and_stores_only_its_digest(admin_client, runn
     for field in IssuedKey._meta.concrete_fields:
         assert key not in str(getattr(record, field.attname))
     # Shown once: neither the list nor the change page shows it again.
-    for url in (reverse(LIST_URL), reverse("admin:dashboard_issuedkey_change", args=[record.pk])):
+    for url in (reverse(LIST_URL), reverse("admin:control_issuedkey_change", args=[record.pk])):
         page = admin_client.get(url).content.decode()
         assert key not in page and record.prefix in page
 
@@ -88,12 +88,12 @@ def test_adding_shows_the_key_once_and_stores_only_its_digest(admin_client, runn
 def test_the_key_is_never_a_form_field(admin_client):
     key, _ = _add(admin_client)
     record = IssuedKey.objects.get()
-    page = admin_client.get(reverse("admin:dashboard_issuedkey_change", args=[record.pk]))
+    page = admin_client.get(reverse("admin:control_issuedkey_change", args=[record.pk]))
     html = page.content.decode()
     assert 'name="digest"' not in html and 'name="prefix"' not in html
     # Posting a digest or prefix changes nothing.
     admin_client.post(
-        reverse("admin:dashboard_issuedkey_change", args=[record.pk]),
+        reverse("admin:control_issuedkey_change", args=[record.pk]),
         {
             "name": "renamed",
             "priority_default": "",
@@ -105,6 +105,29 @@ def test_the_key_is_never_a_form_field(admin_client):
     )
     record.refresh_from_db()
     assert record.name == "renamed" and record.digest == digest(key)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("/admin/dashboard/issuedkey/add/", "/admin/control/issuedkey/add/"),
+        ("/admin/dashboard/accesscontrol/", "/admin/control/accesscontrol/"),
+        (
+            "/admin/dashboard/settingschange/?field=accessControl",
+            "/admin/control/settingschange/?field=accessControl",
+        ),
+        ("/admin/dashboard/schedulersettingsrecord/", "/admin/control/schedulersettingsrecord/"),
+    ],
+)
+def test_the_old_admin_addresses_lead_to_the_moved_pages(admin_client, old, new):
+    """The pages were under /admin/dashboard/ before the records moved to the control
+    app: a bookmark still gets there (permanently, keeping the method and the query)."""
+    response = admin_client.get(old)
+    assert (response.status_code, response["Location"]) == (308, new)
+    landed = admin_client.get(old, follow=True)
+    assert landed.status_code == 200 and "/admin/control/" in landed.request["PATH_INFO"]
+    # Anything else under /admin/dashboard/ is not redirected.
+    assert admin_client.get("/admin/dashboard/other/").status_code == 404
 
 
 def test_keys_are_distinct(admin_client):
@@ -216,7 +239,7 @@ def test_the_running_ring_follows_add_edit_revoke_and_delete(
     record = IssuedKey.objects.get()
     with django_capture_on_commit_callbacks(execute=True):
         admin_client.post(
-            reverse("admin:dashboard_issuedkey_change", args=[record.pk]),
+            reverse("admin:control_issuedkey_change", args=[record.pk]),
             {
                 "name": "farm",
                 "priority_default": "batch",
@@ -271,17 +294,26 @@ def test_reload_at_start_goes_on_without_the_table(running, monkeypatch, caplog)
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_key_revoked_in_the_admin_stops_working_on_the_very_next_request(client, django_user_model):
+async def test_a_key_revoked_in_the_admin_stops_working_on_the_very_next_request(
+    client, django_user_model
+):
     config = parse_config({"models": {"m": {"cmd": "fake", "proxy": "http://model.invalid:9000"}}})
     body = b'{"model": "m", "messages": []}'
     ring = KeyRing({"sk-config": ApiKey("from-config")})
     async with in_process(config, transport=Gate(opened=True), keys=ring) as world:
-        await sync_to_async(django_user_model.objects.create_superuser)("bob", "b@example.com", "pw-bob-123")
+        await sync_to_async(django_user_model.objects.create_superuser)(
+            "bob", "b@example.com", "pw-bob-123"
+        )
         await sync_to_async(client.login)(username="bob", password="pw-bob-123")
         key, _ = await sync_to_async(_add)(client, "farm")
 
         def ask() -> Call:
-            return Call(world.app, "/v1/chat/completions", body, headers=[(b"authorization", b"Bearer " + key.encode())])
+            return Call(
+                world.app,
+                "/v1/chat/completions",
+                body,
+                headers=[(b"authorization", b"Bearer " + key.encode())],
+            )
 
         served = ask()
         await served.done()

@@ -7,22 +7,30 @@ import pytest
 from django.core.cache.backends.locmem import LocMemCache
 from django.urls import reverse
 
-from dashboard import keys as issued
+from control import keys as issued
+from control.models import AccessControl, IssuedKey, SettingsChange
 from dashboard.login_throttle import Limits, LoginThrottle
-from dashboard.models import AccessControl, IssuedKey, SettingsChange
-from llamaswap_site.asgi import EXEMPT, PATH_SCOPES, needs_key, required_scope
 from scheduler import runtime
 from scheduler.config import Config, ConfigError, parse_config
 from scheduler.keys import ALL_SCOPES, DEFAULT_SCOPES, ApiKey, KeyRing, Scope, digest
 from tests.test_access import RULES, url_patterns
+from web.access import EXEMPT, PATH_SCOPES, needs_key, required_scope
 
-INF, MOD, PRO, OPS, MET = Scope.INFERENCE, Scope.MODELS, Scope.PROFILES, Scope.OPERATOR, Scope.METRICS
+INF, MOD, PRO, OPS, MET = (
+    Scope.INFERENCE,
+    Scope.MODELS,
+    Scope.PROFILES,
+    Scope.OPERATOR,
+    Scope.METRICS,
+)
 
 # -- config: apiKeys[].scopes ----------------------------------------------------------------
 
 
 def _keys(entries) -> dict[str, ApiKey]:
-    config = parse_config({"models": {"m": {"cmd": "x", "proxy": "http://127.0.0.1:9"}}, "apiKeys": entries})
+    config = parse_config(
+        {"models": {"m": {"cmd": "x", "proxy": "http://127.0.0.1:9"}}, "apiKeys": entries}
+    )
     return dict(config.api_keys)
 
 
@@ -45,7 +53,11 @@ def test_config_scopes(entry, scopes):
 @pytest.mark.parametrize(
     ("entries", "where", "message"),
     [
-        ([{"key": "sk-a", "scopes": ["inference", "admin"]}], "apiKeys[0].scopes[1]", "unknown scope 'admin'"),
+        (
+            [{"key": "sk-a", "scopes": ["inference", "admin"]}],
+            "apiKeys[0].scopes[1]",
+            "unknown scope 'admin'",
+        ),
         (["sk-x", {"key": "sk-a", "scopes": ["Models"]}], "apiKeys[1].scopes[0]", "unknown scope"),
         ([{"key": "sk-a", "scopes": [1]}], "apiKeys[0].scopes[0]", "unknown scope 1"),
         ([{"key": "sk-a", "scopes": "operator"}], "apiKeys[0].scopes", "must be a list"),
@@ -197,11 +209,11 @@ def test_config_keys_at_start_are_stored():
 def test_issued_keys_carry_their_scopes(admin_client, running):
     data = {"name": "ops", "priority_default": "", "priority_ceiling": "", "priority_offset": "0"}
     response = admin_client.post(
-        reverse("admin:dashboard_issuedkey_add"), {**data, "scopes": ["models", "metrics"]}
+        reverse("admin:control_issuedkey_add"), {**data, "scopes": ["models", "metrics"]}
     )
     assert response.status_code == 302
     assert IssuedKey.objects.get(name="ops").scopes == ["metrics", "models"]
-    admin_client.post(reverse("admin:dashboard_issuedkey_add"), {**data, "name": "plain"})
+    admin_client.post(reverse("admin:control_issuedkey_add"), {**data, "name": "plain"})
     assert IssuedKey.objects.get(name="plain").scopes == ["inference"]  # none checked
     scopes = {key.name: key.scopes for key in issued.issued_keys().values()}
     assert scopes == {"ops": frozenset({MOD, MET}), "plain": DEFAULT_SCOPES}
@@ -217,11 +229,11 @@ def admin_client(client, django_user_model):
 
 @pytest.mark.django_db
 def test_the_add_form_says_what_the_first_key_does(admin_client, running):
-    page = admin_client.get(reverse("admin:dashboard_issuedkey_add")).content.decode()
+    page = admin_client.get(reverse("admin:control_issuedkey_add")).content.decode()
     assert "issuing this key turns access control on" in page
     assert "stays on after the last key is revoked" in page
     issued.set_keys_required(True, "alice")
-    page = admin_client.get(reverse("admin:dashboard_issuedkey_add")).content.decode()
+    page = admin_client.get(reverse("admin:control_issuedkey_add")).content.decode()
     assert "API keys are required already" in page
 
 
@@ -233,8 +245,8 @@ def test_access_control_cannot_be_turned_off_while_a_key_is_in_force(
     issued.assign(record, "sk-llamaswap-farm")
     with django_capture_on_commit_callbacks(execute=True):
         record.save()
-    url = reverse("admin:dashboard_accesscontrol_change", args=[AccessControl.SINGLETON_PK])
-    assert admin_client.get(reverse("admin:dashboard_accesscontrol_changelist")).url == url
+    url = reverse("admin:control_accesscontrol_change", args=[AccessControl.SINGLETON_PK])
+    assert admin_client.get(reverse("admin:control_accesscontrol_changelist")).url == url
     refused = admin_client.post(url, {})
     assert refused.status_code == 200
     assert "Keys are in force (issued key farm)" in refused.content.decode()

@@ -97,7 +97,27 @@ def imports(path: Path, module: str | None = None) -> list[str]:
                 base = ".".join([*parts, base] if base else parts)
             found.append(base)
             found += [f"{base}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Call):
+            found += loaded_by_name(node)
     return found
+
+
+LOADERS = {"import_string", "import_module", "__import__"}
+"""Calls that import what a string names (``django.utils.module_loading.import_string``,
+``importlib.import_module``): a project module named in one is imported all the same."""
+
+
+def loaded_by_name(call: ast.Call) -> list[str]:
+    """The project module (or name in it) a string literal given to a loader names:
+    ``import_string("dashboard.settings_store.stored_settings")`` imports ``dashboard``."""
+    func = call.func
+    called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    if called not in LOADERS or not call.args:
+        return []
+    first = call.args[0]
+    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return [first.value] if layer(first.value) is not None else []
+    return []
 
 
 def project_module(name: str) -> str | None:
@@ -251,3 +271,23 @@ def test_imports_count_lazy_and_relative_ones(tmp_path):
     )
     found = set(imports(source, "proxy.thing"))
     assert {"proxy.views", "proxy.errors.echo", "dashboard.live.current"} <= found
+
+
+def test_a_module_named_in_a_string_to_a_loader_is_an_import(tmp_path):
+    """The old dodge of ``simulate --from-history`` (a scheduler command loading the
+    dashboard's settings store by name) is an upward import like any other."""
+    source = tmp_path / "simulate.py"
+    source.write_text(
+        "import importlib\n"
+        "from django.utils.module_loading import import_string\n"
+        "def from_history():\n"
+        '    stored_settings = import_string("dashboard.settings_store.stored_settings")\n'
+        '    history = importlib.import_module("activity.history")\n'
+        '    yaml = importlib.import_module("yaml")\n'
+        "    return import_string(stored_settings)\n"
+    )
+    found = imports(source, "scheduler.management.commands.simulate")
+    loaded = [name for name in found if name.startswith(("dashboard.", "activity.", "yaml"))]
+    assert loaded == ["dashboard.settings_store.stored_settings", "activity.history"]
+    upward = [n for n in loaded if RANK[layer(n) or ""] >= RANK["scheduler"]]
+    assert upward == loaded  # test_imports_point_down fails on either

@@ -7,8 +7,8 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from dashboard.models import SchedulerSettingsRecord, SettingsChange
-from dashboard.settings_store import apply_at_start, apply_at_start_or_config, save_admin_edit
+from control.models import SchedulerSettingsRecord, SettingsChange
+from control.settings_store import apply_at_start, apply_at_start_or_config, save_admin_edit
 from scheduler import runtime
 from scheduler.config import parse_config
 from scheduler.core.policy import SchedulerSettings
@@ -21,7 +21,7 @@ CONFIG = SchedulerSettings.create(aging_divisor=60, swap_affinity_bonus=10)
 
 def _admin_edit(user: str = "alice", **values) -> None:
     record = SchedulerSettingsRecord.objects.get()
-    from dashboard.settings_store import record_values
+    from control.settings_store import record_values
 
     old = record_values(record)
     for field, value in values.items():
@@ -97,7 +97,7 @@ def test_without_tables_the_config_file_is_used(monkeypatch):
     def broken(settings):
         raise DatabaseError("no such table: dashboard_schedulersettingsrecord")
 
-    monkeypatch.setattr("dashboard.settings_store.apply_at_start", broken)
+    monkeypatch.setattr("control.settings_store.apply_at_start", broken)
     effective = apply_at_start_or_config(CONFIG)
     assert effective.settings == CONFIG and effective.source == "config file"
 
@@ -118,9 +118,7 @@ class _Dispatcher:
 @pytest.fixture
 def running():
     dispatcher = _Dispatcher()
-    runtime.install(
-        runtime.Runtime(config=RUNNING_CONFIG, dispatcher=dispatcher, upstreams=None)
-    )  # type: ignore[arg-type]
+    runtime.install(runtime.Runtime(config=RUNNING_CONFIG, dispatcher=dispatcher, upstreams=None))  # type: ignore[arg-type]
     yield dispatcher
     runtime.install(None)
 
@@ -157,16 +155,16 @@ def _form(**changes) -> dict:
 
 
 def _change_url() -> str:
-    return reverse("admin:dashboard_schedulersettingsrecord_change", args=[1])
+    return reverse("admin:control_schedulersettingsrecord_change", args=[1])
 
 
 def test_the_admin_needs_a_login(client):
-    response = client.get(reverse("admin:dashboard_schedulersettingsrecord_changelist"))
+    response = client.get(reverse("admin:control_schedulersettingsrecord_changelist"))
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
 
 
 def test_the_settings_list_goes_to_the_one_row(admin_client, running):
-    response = admin_client.get(reverse("admin:dashboard_schedulersettingsrecord_changelist"))
+    response = admin_client.get(reverse("admin:control_schedulersettingsrecord_changelist"))
     assert response.status_code == 302 and response["Location"] == _change_url()
     assert SchedulerSettingsRecord.objects.get().values["swapAffinityBonus"] == 10
 
@@ -272,7 +270,10 @@ def test_fifo_priorities_are_edited_as_rows(admin_client, running):
     form = _form(**_rows(("qwen3", "10"), ("llama", " -5 ")))
     del form["fifo_priority"]
     assert admin_client.post(_change_url(), form).status_code == 302
-    assert SchedulerSettingsRecord.objects.get().values["fifoPriority"] == {"llama": -5, "qwen3": 10}
+    assert SchedulerSettingsRecord.objects.get().values["fifoPriority"] == {
+        "llama": -5,
+        "qwen3": 10,
+    }
     ((settings, _),) = running.calls
     assert dict(settings.fifo_priority) == {"qwen3": 10, "llama": -5}
     # clearing a row's model id removes it (its priority left as it was), as the help says
@@ -307,7 +308,7 @@ def test_invalid_fifo_rows_are_refused_and_kept(admin_client, running, rows, mes
 def test_the_change_log_shows_values_as_typed(admin_client, running):
     apply_at_start(CONFIG)
     _admin_edit(aging_divisor=90.0, fifo_priority={"m": 3})
-    html = admin_client.get(reverse("admin:dashboard_settingschange_changelist")).content.decode()
+    html = admin_client.get(reverse("admin:control_settingschange_changelist")).content.decode()
     assert '<td class="field-old_value">60</td><td class="field-new_value">90</td>' in html
     assert '<td class="field-old_value">none</td><td class="field-new_value">m=3</td>' in html
     assert 'data-show="zoned"' in html

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from dashboard import settings_store
-from dashboard.models import SchedulerSettingsRecord
-from dashboard.settings_admin import SchedulerSettingsAdmin, SchedulerSettingsForm, fields_of
+from control import settings_store
+from control.models import SchedulerSettingsRecord
+from control.settings_admin import SchedulerSettingsAdmin, SchedulerSettingsForm, fields_of
+from llamaswap_site.management.commands.simulate import Command as SimulateCommand
 from scheduler.checks import inspect_config
 from scheduler.config import ConfigError, parse_config
 from scheduler.core.policy import SchedulerSettings, SettingsError
@@ -28,11 +29,12 @@ from scheduler.core.settings import (
     Kind,
     Setting,
     assignable_names,
+    describe_source,
     docs_table,
     merge_at_start,
+    note_admin_edit,
 )
 from scheduler.core.simulate import parse_overrides
-from scheduler.management.commands.simulate import Command as SimulateCommand
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = [s.name for s in SETTINGS]
@@ -302,14 +304,60 @@ def test_precedence(config, previous, current, overrides, values, kept):
     }
 
 
+def test_an_admin_edit_takes_over_exactly_the_keys_it_changed():
+    earlier = {"agingDivisor": {"by": "bob", "at": "t0"}}
+    edit = note_admin_edit(
+        {**A, "agingDivisor": 90},
+        {**A, "agingDivisor": 90, "swapAffinityBonus": 30},
+        earlier,
+        "alice",
+        "t1",
+    )
+    assert edit.overrides == {  # bob's older edit stays; alice's is noted
+        "agingDivisor": {"by": "bob", "at": "t0"},
+        "swapAffinityBonus": {"by": "alice", "at": "t1"},
+    }
+    assert edit.changed == [("swapAffinityBonus", 10, 30)]
+    assert earlier == {"agingDivisor": {"by": "bob", "at": "t0"}}  # the input is not changed
+    # Saving without a change takes nothing over.
+    same = note_admin_edit(A, A, {}, "alice", "t1")
+    assert (same.overrides, same.changed) == ({}, [])
+
+
+def test_an_admin_edit_lasts_until_the_config_file_changes_that_key():
+    """The two halves together: an edit, restarts with the same file, then a new value."""
+    config = dict(A)
+    edit = note_admin_edit(config, {**config, "swapAffinityBonus": 30}, {}, "alice", "t1")
+    current, overrides = edit.values, edit.overrides
+    for _ in range(2):  # restarts with the same config file keep the edit
+        merged = merge_at_start(config, config, current, overrides)
+        assert merged.values["swapAffinityBonus"] == 30 and merged.changed == []
+        current, overrides = merged.values, merged.overrides
+    merged = merge_at_start({**config, "swapAffinityBonus": 20}, config, current, overrides)
+    assert merged.values["swapAffinityBonus"] == 20 and merged.overrides == {}
+    assert merged.changed == [("swapAffinityBonus", 30, 20)]
+
+
+def test_the_source_names_each_admin_edit_in_force():
+    assert describe_source({}) == "config file"
+    assert describe_source({"gone": {"by": "x", "at": "t"}}) == "config file"  # no setting
+    assert describe_source(
+        {"swapAffinityBonus": {"by": "alice", "at": "t1"}, "agingDivisor": {"at": "t0"}}
+    ) == (
+        "admin edit: agingDivisor by ? at t0; swapAffinityBonus by alice at t1 "
+        "(the rest from the config file)"
+    )
+
+
 def test_serve_and_reload_use_the_one_rule():
     """serve and reload go through the store, which applies merge_at_start; neither has
     a rule of its own."""
     for path in ("llamaswap_site/reload.py", "llamaswap_site/management/commands/serve.py"):
         text = (ROOT / path).read_text()
         assert "apply_at_start_or_config" in text and "admin_overrides" not in text
-    store = (ROOT / "dashboard" / "settings_store.py").read_text()
+    store = (ROOT / "control" / "settings_store.py").read_text()
     assert "merge_at_start(" in store and "previous_config.get(" not in store
+    assert "note_admin_edit(" in store and "overrides[" not in store
 
 
 def test_llamaswap_check_lists_every_invalid_setting(tmp_path):

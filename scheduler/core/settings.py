@@ -486,18 +486,21 @@ def assignable_names() -> list[str]:
 
 
 # -- precedence: the config file or an admin edit -------------------------------------------
+# The whole rule, pure: control.settings_store stores what these return (a start or reload:
+# merge_at_start; an admin save: note_admin_edit) and decides nothing itself.
 
 
 @dataclass(frozen=True)
 class Merged:
-    """The outcome of :func:`merge_at_start`."""
+    """The outcome of :func:`merge_at_start` or :func:`note_admin_edit`."""
 
     values: dict[str, Any]
     """The values in effect, by YAML name."""
     overrides: dict[str, Any]
     """The admin edits still in force: name -> what the admin noted (by, at)."""
     changed: list[tuple[str, Any, Any]]
-    """(name, old, new) for each value the config file changed."""
+    """(name, old, new) for each value that changed (by the config file at a start, by
+    the admin in an edit): the change log's rows."""
 
 
 def merge_at_start(
@@ -527,6 +530,39 @@ def merge_at_start(
         if current.get(name) != now:
             changed.append((name, current.get(name), now))
     return Merged(values, kept, changed)
+
+
+def note_admin_edit(
+    old: Mapping[str, Any], new: Mapping[str, Any], overrides: Mapping[str, Any], by: str, at: str
+) -> Merged:
+    """The other half of the rule, for an admin save (values by YAML name as JSON): each
+    key whose value the edit changed now comes from the admin (``{by, at}``), and stays so
+    until :func:`merge_at_start` sees the config file's value for it change. Keys the edit
+    left alone keep where they came from."""
+    kept: dict[str, Any] = dict(overrides)
+    changed: list[tuple[str, Any, Any]] = []
+    for name in NAMES:
+        if old.get(name) != new.get(name):
+            kept[name] = {"by": by, "at": at}
+            changed.append((name, old.get(name), new.get(name)))
+    return Merged({name: new.get(name) for name in NAMES}, kept, changed)
+
+
+SOURCE_CONFIG = "config file"
+"""Where values come from when no admin edit is in force."""
+
+
+def describe_source(overrides: Mapping[str, Mapping[str, str]]) -> str:
+    """Where the values in effect come from, in words (the dashboard, the dispatcher's
+    ``settings_source``): the config file, or the admin edits in force and by whom."""
+    parts = [
+        f"{name} by {info.get('by') or '?'} at {info.get('at', '?')}"
+        for name in NAMES
+        if (info := overrides.get(name))
+    ]
+    if not parts:
+        return SOURCE_CONFIG
+    return "admin edit: " + "; ".join(parts) + " (the rest from the config file)"
 
 
 # -- the docs ---------------------------------------------------------------------------------

@@ -138,6 +138,11 @@ class Command(BaseCommand):
         parser.add_argument("--tls-key-file", default="", help="serve HTTPS: the private key (PEM)")
         parser.add_argument("--grace", type=float, default=30.0, help="seconds running requests get at shutdown")
         parser.add_argument("--access-log", action="store_true", help="log every HTTP request")
+        parser.add_argument(
+            "--node",
+            default="",
+            help="this server's name in a fleet (or LLAMASWAP_NODE); with REDIS_URL: fleet mode (docs/fleet.md)",
+        )
 
     def handle(self, *args, **options):
         # daphne.server installs the asyncio Twisted reactor: import it first.
@@ -193,8 +198,8 @@ class Command(BaseCommand):
 
         # Admin edits of the scheduler settings survive a restart unless the config
         # file's value for that key changed since the last start (scheduler.core.settings.merge_at_start).
-        from dashboard.keys import reload_at_start as reload_issued_keys
-        from dashboard.settings_store import apply_at_start_or_config
+        from control.keys import reload_at_start as reload_issued_keys
+        from control.settings_store import apply_at_start_or_config
 
         stored = apply_at_start_or_config(config.scheduler)
         config = dataclasses.replace(config, scheduler=stored.settings)
@@ -216,7 +221,10 @@ class Command(BaseCommand):
                 reloader=reloader,
             )
         )
-        reload_issued_keys()  # the admin-issued API keys (dashboard.keys); no table: logged
+        from fleet.wiring import from_settings as fleet_from_settings
+
+        fleet_node = fleet_from_settings(options["node"], dispatcher, host, port, tls is not None)
+        reload_issued_keys()  # the admin-issued API keys (control.keys); no table: logged
         from dashboard.management.commands.ensure_admin import account_hint
 
         admin_hint = account_hint()  # here: the ORM refuses to run inside the event loop
@@ -254,6 +262,8 @@ class Command(BaseCommand):
             for port_obj in ports:
                 port_obj.stopListening()
             try:
+                if fleet_node is not None:  # out of the fleet first: nothing more is placed here
+                    await fleet_node.stop()
                 await dispatcher.stop(grace=options["grace"])
                 await upstreams.aclose()
                 for obs in observers:  # e.g. the recorder saves what it buffered
@@ -294,6 +304,8 @@ class Command(BaseCommand):
             if options["watch_config"]:
                 spawn(reloader.watch())
             loop.create_task(dispatcher.start())
+            if fleet_node is not None:
+                loop.create_task(fleet_node.start())
             # Full garbage collections while a model works, or on a timer (proxy/collector.py).
             collector.install()
             spawn(collector.pace())

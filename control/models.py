@@ -1,4 +1,8 @@
-"""Scheduler settings edited in the admin, and the audit trail of every change.
+"""Scheduler settings edited in the admin, the audit trail of every change, the
+admin-issued API keys and whether keys stay required.
+
+The tables keep the names they had when these models lived in ``dashboard`` (``db_table``;
+moved in ``dashboard`` 0006 / ``control`` 0001 without touching the data).
 
 Precedence between the config file and admin edits (the rule is
 ``scheduler.core.settings.merge_at_start``; see docs/dashboard.md): at each start the
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from scheduler.core import settings as table
 from scheduler.keys import DEFAULT_SCOPES, KeyPolicy, Scope
 
 SCOPE_CHOICES = [
@@ -49,6 +54,7 @@ class SchedulerSettingsRecord(models.Model):
     updated_by = models.CharField(max_length=150, blank=True, default="")
 
     class Meta:
+        db_table = "dashboard_schedulersettingsrecord"
         verbose_name = "scheduler settings"
         verbose_name_plural = "scheduler settings"
 
@@ -60,7 +66,7 @@ class SettingsChange(models.Model):
     """One changed value: who (or the config file), when, old and new."""
 
     SOURCE_ADMIN = "admin"
-    SOURCE_CONFIG = "config file"
+    SOURCE_CONFIG = table.SOURCE_CONFIG  # "config file"
 
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     who = models.CharField(max_length=150)
@@ -74,6 +80,7 @@ class SettingsChange(models.Model):
     )
 
     class Meta:
+        db_table = "dashboard_settingschange"
         ordering = ["-at", "-id"]
         verbose_name = "settings change"
 
@@ -83,7 +90,7 @@ class SettingsChange(models.Model):
 
 class IssuedKey(models.Model):
     """An API key issued in the admin. Only its SHA-256 digest and a display prefix are
-    stored: the key itself is shown once, when it is created (dashboard/keys.py loads the
+    stored: the key itself is shown once, when it is created (control/keys.py loads the
     ones not revoked into the running server's key ring)."""
 
     name = models.CharField(max_length=100, unique=True, help_text="Who or what uses the key.")
@@ -116,6 +123,7 @@ class IssuedKey(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        db_table = "dashboard_issuedkey"
         ordering = ["name"]
         verbose_name = "issued API key"
 
@@ -142,7 +150,7 @@ class AccessControl(models.Model):
     """Whether API keys are required: one row (pk 1), so a restart keeps it.
 
     Turned on by the first key in force (one issued here, or the config's ``apiKeys`` at a
-    start or reload: dashboard/keys.py) and kept on when the last key is revoked, deleted
+    start or reload: control/keys.py) and kept on when the last key is revoked, deleted
     or removed from the config: then every key-needing path refuses everyone but staff
     sessions. Only a staff member turns it off, in the admin; each change is a
     :class:`SettingsChange` row (field ``accessControl``) and a log line."""
@@ -164,6 +172,7 @@ class AccessControl(models.Model):
     changed_by = models.CharField(max_length=150, blank=True, default="")
 
     class Meta:
+        db_table = "dashboard_accesscontrol"
         verbose_name = "access control"
         verbose_name_plural = "access control"
 

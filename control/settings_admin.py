@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -24,13 +24,21 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import capfirst
 
-from dashboard import settings_store
-from dashboard.models import SchedulerSettingsRecord, SettingsChange
-from dashboard.templatetags.dash import timetag
+from control import settings_store
+from control.html import timetag
+from control.models import SchedulerSettingsRecord, SettingsChange
 from scheduler.config import ConfigError, resolve_fifo_priority
 from scheduler.core.policy import SchedulerSettings, SettingsError
 from scheduler.core.priority import BANDS
-from scheduler.core.settings import BY_NAME, SETTINGS, Kind, Section, Setting
+from scheduler.core.settings import BY_NAME, SETTINGS, SOURCE_CONFIG, Kind, Section, Setting
+
+if TYPE_CHECKING:  # generic in django-stubs only
+    _RecordForm = forms.ModelForm[SchedulerSettingsRecord]
+    _RecordAdmin = admin.ModelAdmin[SchedulerSettingsRecord]
+    _ChangeAdmin = admin.ModelAdmin[SettingsChange]
+else:
+    _RecordForm = forms.ModelForm
+    _RecordAdmin = _ChangeAdmin = admin.ModelAdmin
 
 PRECEDENCE = (
     "A saved value reaches the running scheduler for its next pick, and stays in effect "
@@ -63,8 +71,8 @@ FIFO_KEY = BY_NAME["fifoPriority"].key
 ADMIN_JS = ("dashboard/time.js",)  # times in the viewer's zone, as on the dashboard pages
 
 
-def _fieldsets() -> list[tuple[str | None, dict[str, Any]]]:
-    sets = []
+def _fieldsets() -> list[Any]:
+    sets: list[Any] = []  # (title, options) pairs, as ModelAdmin.fieldsets takes them
     for section, (title, description) in SECTIONS.items():
         names = [name for row in SETTINGS if row.section is section for name in fields_of(row)]
         if names:
@@ -211,7 +219,7 @@ class FifoPriorityField(forms.Field):
 
     def has_changed(self, initial: Any, data: Any) -> bool:
         try:
-            return (initial or {}) != self.to_python(data)
+            return bool((initial or {}) != self.to_python(data))
         except ValidationError:
             return True
 
@@ -276,7 +284,7 @@ def _declared_fields() -> dict[str, forms.Field]:
     return fields
 
 
-class _SettingsForm(forms.ModelForm):
+class _SettingsForm(_RecordForm):
     """One field per setting of the table (declared by :data:`SchedulerSettingsForm`);
     saved into the record's ``values``."""
 
@@ -314,7 +322,7 @@ class _SettingsForm(forms.ModelForm):
         return raw
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         if self.errors:
             return data
         try:
@@ -344,7 +352,8 @@ class _SettingsForm(forms.ModelForm):
 
     def save(self, commit: bool = True) -> SchedulerSettingsRecord:
         self.instance.values = self.validated.as_dict()
-        return super().save(commit)
+        record: SchedulerSettingsRecord = super().save(commit)
+        return record
 
 
 SchedulerSettingsForm = type(
@@ -359,14 +368,14 @@ SchedulerSettingsForm = type(
 def _stamp_tag(stamp: str) -> SafeString | str:
     """An override's time ("2026-12-01 04:10:17 UTC", settings_store's stamp) as a <time>."""
     try:
-        when = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S UTC").replace(tzinfo=UTC)
+        when = datetime.strptime(stamp, settings_store.STAMP_FORMAT).replace(tzinfo=UTC)
     except (TypeError, ValueError):
         return stamp or "?"
     return timetag(when, "zoned")
 
 
 @admin.register(SchedulerSettingsRecord)
-class SchedulerSettingsAdmin(admin.ModelAdmin):
+class SchedulerSettingsAdmin(_RecordAdmin):
     form = SchedulerSettingsForm
     fieldsets = _fieldsets()
     readonly_fields = ["value_sources", "updated_by", "last_changed"]
@@ -392,7 +401,7 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
                     "admin edit by {} at {}", info.get("by") or "?", _stamp_tag(info.get("at", ""))
                 )
             else:
-                source = format_html("{}", "config file")
+                source = format_html("{}", SOURCE_CONFIG)
             rows.append(
                 (
                     key,
@@ -419,10 +428,14 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return not SchedulerSettingsRecord.objects.exists() and super().has_add_permission(request)
 
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_delete_permission(
+        self, request: HttpRequest, obj: SchedulerSettingsRecord | None = None
+    ) -> bool:
         return False
 
-    def changelist_view(self, request: HttpRequest, extra_context=None):
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponseRedirect:
         """There is one row: go straight to it (created from the running settings if the
         server has not stored any yet)."""
         record = SchedulerSettingsRecord.objects.filter(
@@ -431,11 +444,11 @@ class SchedulerSettingsAdmin(admin.ModelAdmin):
         if record is None:
             record = _initial_record()
         return HttpResponseRedirect(
-            reverse("admin:dashboard_schedulersettingsrecord_change", args=[record.pk])
+            reverse("admin:control_schedulersettingsrecord_change", args=[record.pk])
         )
 
     def save_model(
-        self, request: HttpRequest, obj: SchedulerSettingsRecord, form, change: bool
+        self, request: HttpRequest, obj: SchedulerSettingsRecord, form: Any, change: bool
     ) -> None:
         before = SchedulerSettingsRecord.objects.filter(pk=obj.pk).first()
         old = settings_store.record_values(before) if before is not None else {}
@@ -470,7 +483,7 @@ def _initial_record() -> SchedulerSettingsRecord:
 
 
 @admin.register(SettingsChange)
-class SettingsChangeAdmin(admin.ModelAdmin):
+class SettingsChangeAdmin(_ChangeAdmin):
     list_display = ["when", "who", "field", "old_value", "new_value", "source"]
     list_filter = ["source", "field"]
 
@@ -492,8 +505,12 @@ class SettingsChangeAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_change_permission(
+        self, request: HttpRequest, obj: SettingsChange | None = None
+    ) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_delete_permission(
+        self, request: HttpRequest, obj: SettingsChange | None = None
+    ) -> bool:
         return False

@@ -10,6 +10,10 @@ scheduler/core/simulate.py (pure). Modes:
 * ``simulate --targets``: the three generated traces (overload, steady, bursty), fifo
   against the defaults and a candidate (``--set``, default the recommended settings).
 * ``simulate --generate OUT``: write a synthetic trace (``--shape``).
+
+Here in ``llamaswap_site``, the composition: ``--from-history`` reads the activity log
+(``activity``) and the settings in effect (``control``), two sibling apps neither of
+which may import the other.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
-from django.utils.module_loading import import_string
 
+from activity.history import history_rows
+from control.settings_store import stored_settings
 from scheduler.core.policy import SchedulerSettings, SettingsError
 from scheduler.core.replay import from_history, lane_orders, replay_error
 from scheduler.core.settings import assignable_names
@@ -71,7 +76,9 @@ def parse_lanes(values: list[str]) -> dict[str, str]:
             raise CommandError(f"--lanes {text!r}: expected LANE=MODEL[,MODEL...]")
         for model in models:
             if model in lane_of and lane_of[model] != lane.strip():
-                raise CommandError(f"--lanes: model {model!r} is on lanes {lane_of[model]!r} and {lane.strip()!r}")
+                raise CommandError(
+                    f"--lanes: model {model!r} is on lanes {lane_of[model]!r} and {lane.strip()!r}"
+                )
             lane_of[model] = lane.strip()
     return lane_of
 
@@ -316,10 +323,6 @@ class Command(BaseCommand):
     def from_history(
         self, options: dict[str, Any], loads: dict[str, float], default_load: float
     ) -> None:
-        # The command is the composition point for this mode: it reads the activity log
-        # (a layer above the scheduler) by name, only when asked to.
-        history_rows = import_string("activity.history.history_rows")
-        stored_settings = import_string("dashboard.settings_store.stored_settings")
         since, until = (
             parse_when(options["since"], "--since"),
             parse_when(options["until"], "--until"),

@@ -1,6 +1,8 @@
 """Stored scheduler settings: what the config file says, what the admin changed, what wins.
 
-The rule (:func:`scheduler.core.settings.merge_at_start`; also in docs/dashboard.md):
+The rule is pure and lives in the core (:func:`scheduler.core.settings.merge_at_start`
+at a start or reload, :func:`~scheduler.core.settings.note_admin_edit` on an admin save;
+also in docs/dashboard.md); this module stores what they return and decides nothing:
 
 * At every start, ``manage.py serve`` stores the config file's scheduler values
   (``config_values``).
@@ -23,16 +25,21 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from dashboard.models import SchedulerSettingsRecord, SettingsChange
+from control.models import SchedulerSettingsRecord, SettingsChange
 from scheduler.core.policy import SchedulerSettings
-from scheduler.core.settings import NAMES, SETTINGS, merge_at_start
+from scheduler.core.settings import (
+    NAMES,
+    SETTINGS,
+    SOURCE_CONFIG,
+    describe_source,
+    merge_at_start,
+    note_admin_edit,
+)
 
 log = logging.getLogger("llamaswap.settings")
 
 FIELDS: tuple[str, ...] = NAMES
 """The stored keys: every setting's config key name, in the table's order."""
-
-SOURCE_CONFIG = "config file"
 
 
 def settings_values(settings: SchedulerSettings) -> dict[str, Any]:
@@ -72,20 +79,12 @@ def stored_settings() -> SchedulerSettings | None:
         return None
 
 
-def describe_source(overrides: dict[str, dict[str, str]]) -> str:
-    """Where the settings in effect came from, in words, for the dashboard."""
-    if not overrides:
-        return SOURCE_CONFIG
-    parts = []
-    for key in FIELDS:
-        info = overrides.get(key)
-        if info:
-            parts.append(f"{key} by {info.get('by') or '?'} at {info.get('at', '?')}")
-    return "admin edit: " + "; ".join(parts) + " (the rest from the config file)"
+STAMP_FORMAT = "%Y-%m-%d %H:%M:%S UTC"
+"""How an admin edit's time is noted in ``admin_overrides`` (and read back by the admin)."""
 
 
-def _stamp(when: datetime) -> str:
-    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+def stamp(when: datetime) -> str:
+    return when.astimezone(UTC).strftime(STAMP_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -94,9 +93,14 @@ class Effective:
     source: str
 
 
+def _change(name: str, old: Any, new: Any, who: str, source: str) -> SettingsChange:
+    return SettingsChange(who=who, field=name, old=old, new=new, source=source)
+
+
 def apply_at_start(config_settings: SchedulerSettings) -> Effective:
-    """Merge the config file's settings with stored admin edits (the rule above), store
-    the result, and return the settings the dispatcher starts with."""
+    """Merge the config file's settings with stored admin edits (the rule:
+    :func:`~scheduler.core.settings.merge_at_start`), store the result, and return the
+    settings the dispatcher starts with."""
     config_vals = settings_values(config_settings)
     with transaction.atomic():
         record = (
@@ -104,15 +108,10 @@ def apply_at_start(config_settings: SchedulerSettings) -> Effective:
             .filter(pk=SchedulerSettingsRecord.SINGLETON_PK)
             .first()
         )
-        if record is None:
+        first = record is None
+        if record is None:  # the first start: as if the config file had always said this
             record = SchedulerSettingsRecord(pk=SchedulerSettingsRecord.SINGLETON_PK)
-            record.values = config_vals
-            record.config_values = config_vals
-            record.admin_overrides = {}
-            record.updated_by = SOURCE_CONFIG
-            record.save()
-            return Effective(config_settings, SOURCE_CONFIG)
-
+            record.values = record.config_values = config_vals
         merged = merge_at_start(
             config_vals,
             record.config_values or {},
@@ -120,9 +119,7 @@ def apply_at_start(config_settings: SchedulerSettings) -> Effective:
             record.admin_overrides or {},
         )
         changes = [
-            SettingsChange(
-                who=SOURCE_CONFIG, field=name, old=old, new=new, source=SettingsChange.SOURCE_CONFIG
-            )
+            _change(name, old, new, SOURCE_CONFIG, SettingsChange.SOURCE_CONFIG)
             for name, old, new in merged.changed
         ]
         values, overrides = merged.values, merged.overrides
@@ -134,7 +131,7 @@ def apply_at_start(config_settings: SchedulerSettings) -> Effective:
         record.values = values
         record.config_values = config_vals
         record.admin_overrides = overrides
-        if changes:
+        if changes or first:
             record.updated_by = SOURCE_CONFIG
         record.save()
         SettingsChange.objects.bulk_create(changes)
@@ -157,29 +154,20 @@ def apply_at_start_or_config(config_settings: SchedulerSettings) -> Effective:
 def save_admin_edit(
     record: SchedulerSettingsRecord, old: dict[str, Any], user: str
 ) -> tuple[SchedulerSettings, str, list[SettingsChange]]:
-    """After the admin saved ``record``: note which keys it now overrides, record the
-    changes (old -> new), and return the new settings and their source description."""
+    """After the admin saved ``record``: note which keys it now overrides
+    (:func:`~scheduler.core.settings.note_admin_edit`), record the changes (old -> new),
+    and return the new settings and their source description."""
     new = record_values(record)
-    now = timezone.now()
-    overrides = dict(record.admin_overrides or {})
-    changes = []
-    for key in FIELDS:
-        if old.get(key) != new[key]:
-            overrides[key] = {"by": user, "at": _stamp(now)}
-            changes.append(
-                SettingsChange(
-                    who=user,
-                    field=key,
-                    old=old.get(key),
-                    new=new[key],
-                    source=SettingsChange.SOURCE_ADMIN,
-                )
-            )
-    record.admin_overrides = overrides
+    edit = note_admin_edit(old, new, record.admin_overrides or {}, user, stamp(timezone.now()))
+    changes = [
+        _change(name, before, after, user, SettingsChange.SOURCE_ADMIN)
+        for name, before, after in edit.changed
+    ]
+    record.admin_overrides = edit.overrides
     record.updated_by = user
     record.save(update_fields=["admin_overrides", "updated_by", "updated_at"])
     SettingsChange.objects.bulk_create(changes)
-    return to_settings(new), describe_source(overrides), changes
+    return to_settings(new), describe_source(edit.overrides), changes
 
 
 def push_to_dispatcher(settings: SchedulerSettings, source: str) -> bool:

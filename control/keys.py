@@ -2,14 +2,14 @@
 
 A key is ``sk-llamaswap-`` and 32 random bytes (URL-safe base64). The database holds its
 SHA-256 digest and a display prefix; the key itself is shown once, in the admin's success
-message. Saving or deleting an :class:`~dashboard.models.IssuedKey` (creating, editing,
+message. Saving or deleting an :class:`~control.models.IssuedKey` (creating, editing,
 revoking) reloads the admin part of ``runtime.current().keys`` once the transaction
 commits, so a key works, or stops working, without a restart. The request path never
 queries the database: :class:`scheduler.keys.KeyRing` is in memory, and
 :meth:`~scheduler.keys.KeyRing.set_admin_keys` swaps one reference, so calling it from the
 admin's worker thread is safe.
 
-The box stays keyed (:class:`~dashboard.models.AccessControl`): once a key has been in
+The box stays keyed (:class:`~control.models.AccessControl`): once a key has been in
 force, :func:`reload` stores that, and the stored state is put in the ring at every start
 and reload, so revoking or deleting the last key (or a restart with a config without
 ``apiKeys``) leaves every key-needing path refusing everyone but staff sessions. Only
@@ -28,7 +28,7 @@ from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from dashboard.models import AccessControl, IssuedKey, SettingsChange
+from control.models import AccessControl, IssuedKey, SettingsChange
 from scheduler import runtime
 from scheduler.keys import ApiKey, KeyRing, digest
 
@@ -139,7 +139,9 @@ def _persist_required() -> None:
                 True, "config file apiKeys (reload)", SettingsChange.SOURCE_CONFIG, follow=False
             )
         except DatabaseError:
-            log.warning("API keys required, but not stored: a restart may open the box", exc_info=True)
+            log.warning(
+                "API keys required, but not stored: a restart may open the box", exc_info=True
+            )
         finally:
             close_old_connections()
 
