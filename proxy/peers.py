@@ -13,37 +13,29 @@ straight out. What they carry:
   through only when this server requires no key (then they were not meant for it).
 
 Timeouts are the peer's ``timeouts`` (llama-swap's peer defaults: ``responseHeader`` 60 s;
-``connect`` 30 s). The request is recorded like a local one (``RequestRecord`` with
-``peer`` set and ``policy`` ``peer``) through the dispatcher's observers, when it ends:
-:class:`PeerTurn` is closed by the lean handler exactly as a local ``Turn`` is.
+``connect`` 30 s). The request lives as a local one does: a ``proxy.turn.Turn`` on a ticket
+issued by ``runtime.unqueued`` (granted at once, on no lane: ``scheduler.tickets.Unqueued``)
+instead of the dispatcher's queue, closed by the lean handler whatever happens, its answer
+relayed by the relay's own code (``proxy.relay.relay_answer``), its end told once to the
+dispatcher's observers (a ``RequestRecord`` with ``peer`` set and ``policy`` ``peer``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections import Counter
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 from django.http import HttpRequest, HttpResponseBase
 
-from proxy.relay import (
-    PRIORITY_META,
-    STREAM_TAIL,
-    WRITE_TIMEOUT,
-    event_stream,
-    note_stream_usage,
-    note_usage,
-    whole_answer,
-)
+from proxy.relay import PRIORITY_META, WRITE_TIMEOUT, relay_answer
+from proxy.turn import Turn
 from proxy.upstream import forward_headers
 from scheduler import runtime
 from scheduler.config import ModelConfig
 from scheduler.core.priority import HEADER, parse_priority
-from scheduler.dispatcher import Dispatcher, Outcome, Ticket, TicketState
+from scheduler.dispatcher import Outcome
 from scheduler.keys import ApiKey
 from scheduler.names import PeerModel, Route
 from web.errors import error_response
@@ -51,95 +43,24 @@ from web.paths import upstream_path
 
 log = logging.getLogger("llamaswap.proxy")
 
-_in_flight: Counter[str] = Counter()
-"""``peer/model`` -> requests being forwarded now (for ``spillover`` selectors)."""
 _CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 _PRIORITY = HEADER.lower().encode("latin-1")
 
 
 def load(fqn: str) -> int:
     """Requests of a peer model (``peer/model``) in flight now."""
-    return _in_flight.get(fqn, 0)
-
-
-class PeerTurn:
-    """A peer request's life here, closed once by the lean handler (as ``proxy.turn.Turn``
-    is): closes the peer's response and records the request through the observers."""
-
-    __slots__ = ("dispatcher", "ticket", "fqn", "upstream", "_noted", "_closed")
-
-    def __init__(self, dispatcher: Dispatcher, ticket: Ticket, fqn: str) -> None:
-        self.dispatcher = dispatcher
-        self.ticket = ticket
-        self.fqn = fqn
-        self.upstream: httpx.Response | None = None
-        self._noted: tuple[Outcome, int | None, str | None] | None = None
-        self._closed = False
-        _in_flight[fqn] += 1
-
-    def note(self, outcome: Outcome, status: int | None = None, error: str | None = None) -> None:
-        self._noted = (outcome, status, error)
-
-    async def close(
-        self,
-        *,
-        disconnected: bool = False,
-        error: BaseException | None = None,
-        status: int | None = None,
-    ) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._finish(disconnected, error, status)  # first: a cancelled close still records
-        upstream = self.upstream
-        if upstream is not None and not upstream.is_closed:
-            try:
-                await upstream.aclose()
-            except Exception:
-                log.warning("closing a peer response failed", exc_info=True)
-
-    def _finish(self, disconnected: bool, error: BaseException | None, status: int | None) -> None:
-        _in_flight[self.fqn] -= 1
-        if _in_flight[self.fqn] <= 0:
-            del _in_flight[self.fqn]
-        ticket = self.ticket
-        if self._noted is not None:
-            ticket.outcome, ticket.status, ticket.error = self._noted
-        elif disconnected or isinstance(error, asyncio.CancelledError):
-            ticket.outcome = Outcome.CANCELLED_RUNNING
-        elif error is not None:
-            ticket.outcome, ticket.status = Outcome.FAILED, 500
-            ticket.error = f"{type(error).__name__}: {error}"
-        else:
-            ticket.outcome, ticket.status, ticket.error = (
-                Outcome.FAILED,
-                status,
-                "ended without an outcome",
-            )
-        ticket.state = TicketState.DONE
-        ticket.finished_at = self.dispatcher.now()
-        log.info(
-            "peer request",
-            extra={
-                "request_id": ticket.request_id,
-                "model": self.fqn,
-                "peer": ticket.extra.get("peer", ""),
-                "priority": ticket.priority,
-                "outcome": ticket.outcome.value,
-                "status": ticket.status,
-                "ms": round((ticket.finished_at - ticket.arrival) * 1000.0, 1),
-            },
-        )
-        for observer in list(getattr(self.dispatcher, "observers", ())):
-            try:
-                observer.on_finish(ticket)
-            except Exception:
-                log.exception("observer failed", extra={"observer": type(observer).__name__})
+    return runtime.current().unqueued.load(fqn)
 
 
 def _model_config(target: PeerModel) -> ModelConfig:
     """What the record and the observers see as the model: ``peer/model`` at the peer."""
-    return ModelConfig(id=target.fqn, cmd=(), proxy=target.peer.proxy)
+    return ModelConfig(
+        id=target.fqn,
+        cmd=(),
+        proxy=target.peer.proxy,
+        timeouts=target.peer.timeouts,  # what the relay's messages name (timeouts.idle)
+        check_endpoint=None,  # a peer's health is not this box's to probe
+    )
 
 
 async def forward(
@@ -179,24 +100,16 @@ async def forward(
         secret = peer.api_key.encode("latin-1")
         headers += [(b"authorization", b"Bearer " + secret), (b"x-api-key", secret)]
 
-    dispatcher = rt.dispatcher
-    now = dispatcher.now()
-    ticket = Ticket(
-        request_id=request_id,
-        model=_model_config(target.peer),
-        priority=priority,
-        path=request.path,
-        arrival=now,
-        arrival_wall=time.time(),
-        granted=asyncio.get_running_loop().create_future(),
+    turn = Turn(
+        rt.unqueued,
+        _model_config(target.peer),
+        priority,
+        request_id,
+        request.path,
+        api_key=key_name,
+        requested_priority=requested,
     )
-    ticket.api_key = key_name
-    ticket.requested_priority = requested
-    ticket.extra.update(extra, peer=peer.id)
-    ticket.state = TicketState.RUNNING
-    ticket.dispatched_at = ticket.ready_at = now  # sent at once: no queue, no load
-    ticket.lane = ""  # on no lane (GPU) here
-    turn = PeerTurn(dispatcher, ticket, target.peer.fqn)
+    turn.ticket.extra.update(extra, peer=peer.id)
     request.turn = turn  # type: ignore[attr-defined]  # the handler closes it, whatever happens
 
     client = rt.upstreams.client()
@@ -236,42 +149,4 @@ async def forward(
             request_id=request_id,
         )
     turn.upstream = upstream
-    status = upstream.status_code
-    content_type = upstream.headers.get("content-type", "")
-    if content_type.startswith("text/event-stream"):
-        return event_stream(_stream(turn, upstream), upstream, request_id)
-    try:
-        content = b"".join([chunk async for chunk in upstream.aiter_raw()])
-    except httpx.HTTPError as exc:
-        cause = f"{type(exc).__name__}: {exc}"
-        turn.note(Outcome.FAILED, 502, cause)
-        return error_response(
-            502,
-            f"peer {peer.id!r} broke off its answer: {cause}",
-            code="peer_unavailable",
-            request_id=request_id,
-        )
-    if status < 300 and content_type.startswith("application/json"):
-        note_usage(ticket, content)
-    turn.note(Outcome.COMPLETED, status)
-    return whole_answer(content, upstream, request_id)
-
-
-async def _stream(turn: PeerTurn, upstream: httpx.Response) -> AsyncIterator[bytes]:
-    """The peer's bytes as they arrive; how the stream ended is noted for the record."""
-    tail = b""
-    yield b""  # the headers now
-    try:
-        async for chunk in upstream.aiter_raw():
-            yield chunk
-            tail = (
-                (tail + chunk)[-STREAM_TAIL:] if len(chunk) < STREAM_TAIL else chunk[-STREAM_TAIL:]
-            )
-    except httpx.HTTPError as exc:
-        turn.note(
-            Outcome.FAILED, upstream.status_code, f"stream broken: {type(exc).__name__}: {exc}"
-        )
-        return
-    note_stream_usage(turn.ticket, tail)
-    turn.note(Outcome.COMPLETED, upstream.status_code)
-    await turn.close()
+    return await relay_answer(turn, upstream, request_id)

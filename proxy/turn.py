@@ -3,7 +3,7 @@
 The serial scheduler hands the GPU to one request at a time, so the one thing it must never
 lose is the end of a turn. :class:`Turn` is that end: created when a view puts its request in
 line, ended exactly once by :meth:`Turn.close`, which the lean handler
-(``llamaswap_site.asgi.ProxyHandler``) awaits in a ``finally`` around the whole life of
+(``proxy.handler.ProxyHandler``) awaits in a ``finally`` around the whole life of
 every proxied request: the view, the response it returns, and every byte of a stream. So
 no exception, cancellation, disconnect or early return can leave a turn open, and views
 never end turns themselves; they only :meth:`~Turn.note` what happened, so the record shows
@@ -32,7 +32,8 @@ from typing import Any
 import httpx
 
 from scheduler.config import ModelConfig
-from scheduler.dispatcher import Dispatcher, Outcome, Ticket
+from scheduler.dispatcher import Outcome, Ticket
+from scheduler.tickets import Issuer
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -61,7 +62,7 @@ class Turn:
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        dispatcher: Issuer,
         model: ModelConfig,
         priority: int,
         request_id: str,

@@ -4,13 +4,22 @@
 :class:`Refused` answers (:class:`Overloaded`, :class:`QueueFull`, :class:`WaitExpired`,
 :class:`ShuttingDown`), the :class:`Observer` protocol, and what :meth:`Dispatcher.reload`
 and :meth:`Dispatcher.lanes` report. :mod:`scheduler.dispatcher` re-exports them all.
+
+Who issues a ticket and is told how it ended (:class:`Issuer`): the dispatcher, for a
+local model's request; :class:`Unqueued`, for a request that takes no turn here (a
+peer's model). Both are ended the same way, by ``proxy.turn.Turn``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import functools
+import logging
+import time
 import weakref
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,6 +28,8 @@ from scheduler.core.admission import Refusal
 from scheduler.core.lanes import DEFAULT_LANE
 from scheduler.core.policy import Decision, SchedulerSettings
 from scheduler.process import ModelState
+
+log = logging.getLogger("llamaswap.dispatcher")
 
 
 class Refused(Exception):
@@ -189,3 +200,150 @@ def refusal_answer(kind: Refusal, message: str, retry_after: int | None) -> tupl
     if kind is Refusal.QUEUE_FULL:
         return QueueFull(message, retry_after), Outcome.QUEUE_FULL
     return WaitExpired(message, retry_after), Outcome.EXPIRED
+
+
+class Issuer(Protocol):
+    """Who issues a request's ticket and is told how it ended: the :class:`Dispatcher`
+    (a local model's turn) or :class:`Unqueued` (a peer's request). ``proxy.turn.Turn``
+    holds one and ends its ticket through it, once, on every path."""
+
+    def submit(
+        self,
+        model: ModelConfig,
+        priority: int,
+        request_id: str,
+        path: str,
+        owner: object | None = None,
+    ) -> Ticket: ...
+
+    def finish(
+        self, ticket: Ticket, outcome: Outcome, status: int | None = None, error: str | None = None
+    ) -> None: ...
+
+    def cancel(self, ticket: Ticket) -> None: ...
+
+    def resend(self, ticket: Ticket) -> None: ...
+
+    def suspect(self, ticket: Ticket) -> None: ...
+
+    def unhealthy(self, ticket: Ticket) -> None: ...
+
+
+class Watched(Protocol):
+    """What :class:`Unqueued` needs of the dispatcher: its observers and its clock."""
+
+    observers: list[Observer]
+
+    def now(self) -> float: ...
+
+
+class Unqueued:
+    """The tickets of requests that take no turn here (a peer's model: no GPU of this box
+    is involved), issued as the dispatcher issues its own: granted at once, never queued,
+    on no lane. They end the same way, through :meth:`finish` or :meth:`cancel` (called by
+    ``proxy.turn.Turn``): ended once, then the dispatcher's observers see ``on_finish``, as
+    for every ticket. Also counts them per model while they run (:meth:`load`, for
+    ``spillover`` selectors)."""
+
+    def __init__(self, dispatcher: Watched, wall_clock: Callable[[], float] = time.time) -> None:
+        self._dispatcher = dispatcher
+        self._wall = wall_clock
+        self._load: Counter[str] = Counter()
+        self._running: dict[Ticket, str] = {}
+        """Each open ticket and the model it is counted for (its ``model`` may be renamed
+        for the record meanwhile: ``fleet.placing.sent``)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def load(self, model: str) -> int:
+        """Requests of ``model`` running now."""
+        return self._load.get(model, 0)
+
+    def submit(
+        self,
+        model: ModelConfig,
+        priority: int,
+        request_id: str,
+        path: str,
+        owner: object | None = None,
+    ) -> Ticket:
+        now = self._dispatcher.now()
+        self._loop = loop = asyncio.get_running_loop()
+        ticket = Ticket(
+            request_id=request_id,
+            model=model,
+            priority=priority,
+            path=path,
+            arrival=now,
+            arrival_wall=self._wall(),
+            granted=loop.create_future(),
+            state=TicketState.RUNNING,
+            dispatched_at=now,  # sent at once: no queue, no load
+            ready_at=now,
+            lane="",  # on no lane (GPU) here
+        )
+        ticket.granted.set_result(model.proxy)
+        if owner is not None:  # the same backstop as Dispatcher.submit's
+            ticket.guard = weakref.ref(owner, functools.partial(self._owner_gone, ticket))
+        self._load[model.id] += 1
+        self._running[ticket] = model.id
+        return ticket
+
+    def finish(
+        self, ticket: Ticket, outcome: Outcome, status: int | None = None, error: str | None = None
+    ) -> None:
+        if ticket.outcome is not None:
+            return
+        ticket.outcome, ticket.status, ticket.error = outcome, status, error
+        self._end(ticket)
+
+    def cancel(self, ticket: Ticket) -> None:
+        if ticket.outcome is not None:
+            return
+        ticket.outcome = Outcome.CANCELLED_RUNNING
+        self._end(ticket)
+
+    def resend(self, ticket: Ticket) -> None:
+        raise RuntimeError(f"ticket {ticket.request_id} takes no turn here: never resent")
+
+    def suspect(self, ticket: Ticket) -> None:
+        """No process here to suspect."""
+
+    def unhealthy(self, ticket: Ticket) -> None:
+        """No process here to stop."""
+
+    def _end(self, ticket: Ticket) -> None:
+        ticket.guard = None
+        ticket.state = TicketState.DONE
+        ticket.finished_at = self._dispatcher.now()
+        counted = self._running.pop(ticket, None)
+        if counted is not None:
+            self._load[counted] -= 1
+            if self._load[counted] <= 0:
+                del self._load[counted]
+        log.info(
+            "request forwarded",
+            extra={
+                "request_id": ticket.request_id,
+                "model": ticket.model.id,
+                "peer": ticket.extra.get("peer", ""),
+                "priority": ticket.priority,
+                "outcome": ticket.outcome.value if ticket.outcome else None,
+                "status": ticket.status,
+                "ms": round((ticket.finished_at - ticket.arrival) * 1000.0, 1),
+            },
+        )
+        for observer in self._dispatcher.observers:
+            try:
+                observer.on_finish(ticket)
+            except Exception:
+                log.exception("observer failed", extra={"observer": type(observer).__name__})
+
+    def _owner_gone(self, ticket: Ticket, _ref: weakref.ref[Any]) -> None:
+        if ticket.outcome is not None:
+            return
+        log.error("turn abandoned by its request; ended", extra={"request_id": ticket.request_id})
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(
+                self.finish, ticket, Outcome.FAILED, 500, "turn abandoned by its request"
+            )

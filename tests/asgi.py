@@ -121,7 +121,6 @@ class Call:
             await asyncio.wait({self.task})
 
 
-
 @contextlib.asynccontextmanager
 async def in_process(
     config: Config,
@@ -129,17 +128,22 @@ async def in_process(
     keys: KeyRing | None = None,
     **factory_options,
 ) -> AsyncIterator[types.SimpleNamespace]:
-    from llamaswap_site.asgi import application
+    from llamaswap_site.asgi import build_application
 
     factory = FakeProcessFactory(**factory_options)
     recorder = FinishLog()
     dispatcher = Dispatcher(config, process_factory=factory, observers=[recorder])
     upstreams = Upstreams(size=1, transport=transport)
-    runtime.install(runtime.Runtime(config, dispatcher, upstreams, keys=keys or KeyRing()))
+    rt = runtime.Runtime(config, dispatcher, upstreams, keys=keys or KeyRing())
+    runtime.install(rt)
     await dispatcher.start()
     try:
         yield types.SimpleNamespace(
-            app=application, dispatcher=dispatcher, factory=factory, recorder=recorder
+            app=build_application(rt),
+            runtime=rt,
+            dispatcher=dispatcher,
+            factory=factory,
+            recorder=recorder,
         )
     finally:
         await dispatcher.stop(grace=0)

@@ -74,7 +74,10 @@ RULES: dict[str, tuple[str, tuple[str, str, bytes]]] = {
     "api/captures/<str:capture_id>": (API_KEY, ("GET", "/api/captures/no-such", b"")),
     "api/version": (API_KEY, ("GET", "/api/version", b"")),
     "api/events": (API_KEY, ("HEAD", "/api/events", b"")),
-    "api/inflight/<str:request_id>/cancel": (API_KEY, ("POST", "/api/inflight/no-such/cancel", b"")),
+    "api/inflight/<str:request_id>/cancel": (
+        API_KEY,
+        ("POST", "/api/inflight/no-such/cancel", b""),
+    ),
     "api/requests/<str:request_id>": (API_KEY, ("GET", "/api/requests/no-such", b"")),
     "api/profiles": (KEY_OR_STAFF, ("GET", "/api/profiles", b"")),
     "api/profiles/active": (KEY_OR_STAFF, ("PUT", "/api/profiles/active", b'{"name": null}')),
@@ -91,6 +94,10 @@ RULES: dict[str, tuple[str, tuple[str, str, bytes]]] = {
     "queue/<str:request_id>/cancel": (EXEMPT, ("GET", "/queue/no-such/cancel", b"")),
     "favicon.ico": (EXEMPT, ("GET", "/favicon.ico", b"")),
     "admin/": (ADMIN, ("GET", "/admin/", b"")),
+    # The control records' old admin addresses: a redirect for anyone (the admin behind
+    # it asks for the staff login).
+    "admin/^dashboard/(?P<model>issuedkey|accesscontrol|schedulersettingsrecord|settingschange)"
+    "/(?P<rest>.*)$": (EXEMPT, ("GET", "/admin/dashboard/issuedkey/", b"")),
 }
 EXTRA = {
     # Not in the URLconf: WhiteNoise's static files, the admin's login page, an unknown
@@ -293,7 +300,9 @@ async def test_missing_key_is_a_401_without_a_basic_challenge():
         wrong = await _request(
             world.app, "GET", "/v1/models", headers=[(b"x-api-key", WRONG.encode())]
         )
-        assert wrong.status == 401 and json.loads(wrong.body)["error"]["message"] == "invalid API key"
+        assert (
+            wrong.status == 401 and json.loads(wrong.body)["error"]["message"] == "invalid API key"
+        )
         # The health check stays open.
         assert (await _request(world.app, "GET", "/health")).status == 200
 
@@ -311,16 +320,17 @@ async def test_an_admin_issued_key_works_until_revoked():
 
 
 async def test_the_key_found_is_put_in_the_scope():
-    from llamaswap_site.asgi import API_KEY_SCOPE, access_refusal
+    from web.access import API_KEY_SCOPE, access_refusal
 
-    async with in_process(_config(), keys=_ring()):
+    async with in_process(_config(), keys=_ring()) as world:
+        keys = world.runtime.keys
         scope = http_scope(
             "GET", "/v1/models", headers=[(b"host", HOST), (b"x-api-key", KEY.encode())]
         )
-        assert await access_refusal(scope) is None
+        assert await access_refusal(scope, keys) is None
         assert scope[API_KEY_SCOPE] == ApiKey("config-key", scopes=ALL_SCOPES)
         refused = http_scope("GET", "/v1/models", headers=[(b"host", HOST)])
-        assert (await access_refusal(refused)).status_code == 401
+        assert (await access_refusal(refused, keys)).status_code == 401
         assert API_KEY_SCOPE not in refused
 
 
@@ -380,7 +390,9 @@ async def test_a_rebinding_host_is_refused_on_api_paths(path):
         assert call.headers[b"x-llamaswap-request-id"]
 
 
-@pytest.mark.parametrize("path", ["/", "/history/", "/admin/login/", "/static/dashboard/favicon.ico"])
+@pytest.mark.parametrize(
+    "path", ["/", "/history/", "/admin/login/", "/static/dashboard/favicon.ico"]
+)
 async def test_a_rebinding_host_is_refused_on_pages(path):
     async with in_process(_config()) as world:
         call = await _request(world.app, "GET", path, headers=[(b"host", b"evil.example:8080")])
@@ -417,11 +429,9 @@ async def test_any_host_when_allowed_hosts_is_a_star(settings):
 async def test_a_rebinding_host_cannot_open_the_websocket():
     from channels.testing import WebsocketCommunicator
 
-    from llamaswap_site.asgi import application
-
-    async with in_process(_config()):
+    async with in_process(_config()) as world:
         comm = WebsocketCommunicator(
-            application,
+            world.app,
             "/ws/dashboard/",
             headers=[(b"host", b"evil.example"), (b"origin", b"http://evil.example")],
         )
@@ -488,7 +498,10 @@ def test_the_secret_key_is_generated_once_and_kept(tmp_path):
     from llamaswap_site.settings import secret_key_file, stored_secret_key
 
     assert settings.SECRET_KEY != "llamaswap-dev-only-change-me"
-    sqlite = {"ENGINE": "django_prometheus.db.backends.sqlite3", "NAME": str(tmp_path / "db.sqlite3")}
+    sqlite = {
+        "ENGINE": "django_prometheus.db.backends.sqlite3",
+        "NAME": str(tmp_path / "db.sqlite3"),
+    }
     path = secret_key_file(sqlite)
     assert path == tmp_path / "db.sqlite3-secret_key"
     first = stored_secret_key(path)

@@ -10,16 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import types
 
 import httpx
 import pytest
 
 from activity.models import RequestRecord
 from activity.recorder import Recorder
+from proxy import peers
 from scheduler.config import parse_config
 from scheduler.dispatcher import Outcome
 from scheduler.keys import ApiKey, KeyPolicy, KeyRing
-from tests.asgi import Call, in_process
+from tests.asgi import Call, FinishLog, in_process
 from tests.server import chat, fake_model, free_port_block, serve
 
 pytestmark = pytest.mark.timeout(60)
@@ -126,7 +128,9 @@ async def test_the_clients_key_is_never_passed_on_and_the_keys_rule_applies(fake
         sent = received(peer.url)[-1]
         assert "authorization" not in sent["headers"] and "x-api-key" not in sent["headers"]
         assert sent["headers"]["x-llamaswap-priority"] == "-100"  # the key's default
-        call = await post(world, "remote/shared", [*auth, (b"x-llamaswap-priority", b"interactive")])
+        call = await post(
+            world, "remote/shared", [*auth, (b"x-llamaswap-priority", b"interactive")]
+        )
         sent = received(peer.url)[-1]
         assert sent["headers"]["authorization"] == "Bearer sk-peer-secret"
         assert sent["headers"]["x-llamaswap-priority"] == "0"  # the key's ceiling
@@ -144,6 +148,65 @@ async def test_streams_are_relayed_and_recorded(fakellm):
         assert events[-1] == "[DONE]"
         ticket = await record_of(world, call)
         assert ticket.outcome is Outcome.COMPLETED
+
+
+class Seen(FinishLog):
+    """Every ``on_finish`` the observers get, in order (one per request, or a bug)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends: list[tuple[str, Outcome | None, int | None]] = []
+
+    def on_finish(self, ticket):
+        super().on_finish(ticket)
+        self.ends.append((ticket.request_id, ticket.outcome, ticket.status))
+
+
+async def test_a_peer_that_dies_mid_stream_is_recorded_once_as_the_client_saw_it(fakellm):
+    peer = await fakellm()
+    async with in_process(config(peer.url)) as world:
+        seen = Seen()
+        world.dispatcher.observers.append(seen)
+        call = await post(
+            world, "remote/qwen-remote", stream=True, max_tokens=8, fake_crash_after=3
+        )
+        # The client got the first chunks, then the stream ended without [DONE].
+        assert call.status == 200
+        events = [line[6:] for line in call.body.decode().splitlines() if line.startswith("data: ")]
+        assert len(events) == 4 and "[DONE]" not in events  # the role, then three tokens
+        # Ended once, when the handler closed the request, as the client saw it: failed.
+        assert seen.ends == [(call.request_id, Outcome.FAILED, 200)]
+        ticket = seen.tickets[call.request_id]
+        assert ticket.error.startswith("stream broken") and ticket.lane == ""
+        assert ticket.finished_at is not None and ticket.extra["peer"] == "remote"
+        assert world.recorder.finished == {call.request_id: Outcome.FAILED}
+        assert peers.load("remote/qwen-remote") == 0
+        # Never in the dispatcher's queue nor on a lane.
+        assert not world.dispatcher.in_flight() and len(world.dispatcher.queue) == 0
+
+
+async def test_every_way_a_peer_request_ends_is_told_once(fakellm):
+    peer = await fakellm()
+    async with in_process(config(peer.url, timeouts={"responseHeader": 0.5})) as world:
+        seen = Seen()
+        world.dispatcher.observers.append(seen)
+        answered = await post(world, "remote/qwen-remote", max_tokens=2)
+        streamed = await post(world, "remote/qwen-remote", stream=True, max_tokens=2)
+        refused = await post(world, "remote/qwen-remote", fake_status=429)
+        late = await post(world, "remote/qwen-remote", fake_delay=2)
+        assert (answered.status, streamed.status, refused.status, late.status) == (
+            200,
+            200,
+            429,
+            504,
+        )
+        assert seen.ends == [
+            (answered.request_id, Outcome.COMPLETED, 200),
+            (streamed.request_id, Outcome.COMPLETED, 200),
+            (refused.request_id, Outcome.COMPLETED, 429),  # the peer answered: relayed as is
+            (late.request_id, Outcome.FAILED, 504),
+        ]
+        assert peers.load("remote/qwen-remote") == 0
 
 
 async def test_a_peer_request_takes_no_local_turn(fakellm):
@@ -215,7 +278,11 @@ async def test_a_peer_request_is_recorded_in_the_activity_log(fakellm):
         finally:
             await recorder.stop()
     row = await RequestRecord.objects.aget(request_id=call.request_id)
-    assert (row.model, row.peer, row.requested_model) == ("remote/qwen-remote", "remote", "qwen-remote")
+    assert (row.model, row.peer, row.requested_model) == (
+        "remote/qwen-remote",
+        "remote",
+        "qwen-remote",
+    )
     assert (row.policy, row.band, row.priority, row.outcome, row.status) == (
         "peer",
         "batch",
@@ -234,7 +301,11 @@ async def test_a_peer_request_is_recorded_in_the_activity_log(fakellm):
     assert "as qwen-remote" in page
     rows = json.loads((await AsyncClient().get("/api/metrics/activity")).content)["data"]
     mine = next(r for r in rows if r["request_id"] == call.request_id)
-    assert (mine["peer"], mine["requested_model"], mine["policy"]) == ("remote", "qwen-remote", "peer")
+    assert (mine["peer"], mine["requested_model"], mine["policy"]) == (
+        "remote",
+        "qwen-remote",
+        "peer",
+    )
 
 
 async def test_a_peer_that_is_another_llamaswap_queues_it_by_the_same_rule(tmp_path, fakellm):
@@ -283,7 +354,10 @@ async def test_spillover_counts_a_burst_before_the_dispatcher_sees_it(fakellm):
 
 def multipart(model: str, audio: bytes) -> tuple[bytes, bytes]:
     built = httpx.Request(
-        "POST", "http://x/", data={"model": model, "language": "en"}, files={"file": ("a.wav", audio)}
+        "POST",
+        "http://x/",
+        data={"model": model, "language": "en"},
+        files={"file": ("a.wav", audio)},
     )
     return built.read(), built.headers["content-type"].encode()
 
@@ -326,11 +400,35 @@ async def test_a_client_that_leaves_cancels_the_peer_request(fakellm):
         (ticket,) = world.recorder.tickets.values()
         assert ticket.model.id == "remote/qwen-remote"
         assert ticket.outcome is Outcome.CANCELLED_RUNNING
-        from proxy import peers
-
         assert peers.load("remote/qwen-remote") == 0
         for _ in range(300):
             if received(peer.url)[-1]["disconnected"]:
                 break
             await asyncio.sleep(0.01)
         assert received(peer.url)[-1]["disconnected"]  # the peer saw it go
+
+
+async def test_a_peer_turn_dropped_unclosed_is_still_ended_once():
+    # The handler closes every turn; should a bug drop one, the backstop ends its ticket
+    # (as the dispatcher's does for a local turn) and the observers still hear of it once.
+    import gc
+
+    from proxy.turn import Turn
+    from scheduler.config import ModelConfig
+    from scheduler.tickets import Unqueued
+
+    seen = Seen()
+    clock = types.SimpleNamespace(observers=[seen], now=time.monotonic)
+    unqueued = Unqueued(clock)
+    model = ModelConfig(id="remote/m", cmd=(), proxy="http://127.0.0.1:9", check_endpoint=None)
+    turn = Turn(unqueued, model, 0, "req-dropped", "/v1/chat/completions")
+    ticket = turn.ticket
+    assert unqueued.load("remote/m") == 1 and ticket.lane == ""
+    del turn
+    gc.collect()
+    for _ in range(3):  # ended on the loop's next turn, as the dispatcher's backstop does
+        await asyncio.sleep(0)
+    assert seen.ends == [("req-dropped", Outcome.FAILED, 500)]
+    assert unqueued.load("remote/m") == 0 and ticket.error == "turn abandoned by its request"
+    unqueued.finish(ticket, Outcome.COMPLETED, 200)  # a late close changes nothing
+    assert len(seen.ends) == 1

@@ -3,7 +3,7 @@ one test per seam that fails if the framework changes under it.
 
 | seam | why (see BENCHMARKS.md) | where |
 | --- | --- | --- |
-| Django ``HttpResponse._resource_closers`` | close a response without the ``request_finished`` signal (a thread hop per request under ASGI) | ``llamaswap_site.asgi._close`` |
+| Django ``HttpResponse._resource_closers`` | close a response without the ``request_finished`` signal (a thread hop per request under ASGI) | ``proxy.handler.close_response`` |
 | Django ``HttpRequest._body`` | the body as one bytes object, no copy, no 2.5 MB ceiling | ``ProxyHandler.handle`` |
 | Twisted ``Request._parsePOSTFormSubmission`` | a POST body is not parsed as a form by Twisted too | ``http_server.skip_twisted_form_parsing`` |
 | httpcore's per-read timeout from ``request.extensions["timeout"]`` | the idle limit between a stream's chunks without a timer per chunk | ``proxy.relay._send`` |
@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse
 
 
 def test_django_responses_still_close_through_resource_closers():
-    from llamaswap_site.asgi import _close
+    from proxy.handler import close_response as _close
 
     assert "_resource_closers" in inspect.getsource(HttpResponse.close)
     ran = []

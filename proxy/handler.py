@@ -1,0 +1,352 @@
+"""One proxied request's whole life, in the order it happens.
+
+1. Before any handler (the router in ``llamaswap_site/asgi.py`` asks :class:`ProxyHandler`
+   for every HTTP request, pages included): a browser's preflight is answered
+   (:meth:`ProxyHandler.preflight`, as llama-swap answers it: ``web.cors``); an allowed
+   origin gets ``Access-Control-Allow-Origin``; then the access rules of ``web.access``
+   (the cross-site rule, the Host header, the API key) may refuse it
+   (:meth:`ProxyHandler.admit`).
+2. The body is read whole, within ``limits`` (:func:`read_body`: 413, 408).
+3. The view runs (Django's URL resolution, no middleware, no signals) and its response is
+   sent; a relayed stream's pieces go out as they come (:meth:`ProxyHandler.send_response`).
+   The client leaving cancels the view.
+4. The request's turn (``proxy.turn.Turn``, set by the view as ``request.turn``) is closed
+   in a ``finally``, whatever happened: the one place a proxied request's ticket ends.
+
+No middleware and none of the per-request ``request_started``/``request_finished``
+receivers, which under ASGI each cost a thread hop and an OS thread per waiting request
+(halving memory per waiting request, see BENCHMARKS.md). The handler is given the
+:class:`scheduler.runtime.Runtime` it serves (limits, keys, ``security``) when it is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import IO, Any
+
+from django.core.exceptions import RequestAborted, SuspiciousOperation, TooManyFieldsSent
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
+from django.core.handlers.exception import convert_exception_to_response
+from django.http import HttpResponse, HttpResponseBase
+from django.urls import set_script_prefix
+
+from proxy.turn import Turn
+from scheduler.config import RequestLimits, Security
+from scheduler.runtime import Runtime
+from web.access import (
+    DEFAULT_SECURITY,
+    access_refusal,
+    cross_site_refusal,
+    header,
+    host_allowed,
+    needs_key,
+)
+from web.cors import preflight_headers, response_origin, with_allowed_origin
+from web.errors import error_response, invalid_host
+
+log = logging.getLogger("llamaswap.proxy")
+
+Receive = Callable[[], Awaitable[Mapping[str, Any]]]
+Send = Callable[[Mapping[str, Any]], Awaitable[None]]
+Scope = MutableMapping[str, Any]
+
+DEFAULT_LIMITS = RequestLimits()
+"""``limits`` when the handler serves no runtime (tests of the bare handler)."""
+
+
+class RefuseSuspicious(ASGIHandler):
+    """``create_request`` that answers a 400 instead of raising: Django parses the query
+    string while building an ASGIRequest (the ``encoding`` setter looks at ``GET`` when
+    the Content-Type has a charset), so TooManyFieldsSent and friends escape the handler
+    and daphne answers 500."""
+
+    def create_request(
+        self, scope: Mapping[str, Any], body_file: IO[bytes]
+    ) -> tuple[ASGIRequest, None] | tuple[None, HttpResponseBase]:
+        try:
+            return super().create_request(scope, body_file)
+        except SuspiciousOperation as exc:
+            code = "too_many_fields" if isinstance(exc, TooManyFieldsSent) else "invalid_request"
+            return None, error_response(400, str(exc), code=code)
+
+
+class ProxyHandler(RefuseSuspicious):
+    """Django's ASGI handler minus middleware, signals and thread hops: async views only.
+
+    It owns the whole life of a proxied request, so it is where a request's turn on the GPU
+    (``proxy.turn.Turn``, set by the view as ``request.turn``) is closed: in a ``finally``
+    after the response has been sent or abandoned, whatever happened (see proxy/turn.py).
+    """
+
+    def __init__(self, runtime: Runtime | None = None) -> None:
+        super().__init__()
+        self.runtime = runtime
+        """What it serves: the config's ``limits`` and ``security``, the API keys. None:
+        the defaults and no keys."""
+
+    @property
+    def limits(self) -> RequestLimits:
+        return self.runtime.config.limits if self.runtime is not None else DEFAULT_LIMITS
+
+    @property
+    def security(self) -> Security:
+        return self.runtime.config.security if self.runtime is not None else DEFAULT_SECURITY
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        self._view_middleware: list[Any] = []
+        self._template_response_middleware: list[Any] = []
+        self._exception_middleware: list[Any] = []
+        self._middleware_chain = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
+
+    # -- before any handler ------------------------------------------------------------
+
+    async def preflight(self, scope: Scope, send: Send) -> None:
+        """``OPTIONS`` on any path: ``204`` with llama-swap's CORS headers
+        (:func:`web.cors.preflight_headers`), before any key; a Host not allowed is
+        refused."""
+        ok, host = host_allowed(scope)
+        if not ok:
+            await self.refuse(invalid_host(host, scope["path"]), send)
+            return
+        headers = preflight_headers(
+            header(scope, b"origin"),
+            header(scope, b"access-control-request-headers"),
+            self.security,
+            private_network=header(scope, b"access-control-request-private-network") == b"true",
+        )
+        await send({"type": "http.response.start", "status": 204, "headers": headers})
+        await send({"type": "http.response.body"})
+
+    async def admit(self, scope: Scope, send: Send) -> Send | None:
+        """The ``send`` to answer this request with (one that adds
+        ``Access-Control-Allow-Origin`` for an allowed origin on an API path: ``web.cors``,
+        no cost unless one is configured), or None when the access rules refused it: the
+        refusal has been sent (``web.access``: cross-site first, then Host and key)."""
+        origin = response_origin(scope, self.security)
+        if origin is not None and needs_key(scope["path"]):
+            send = _allowing(send, origin)
+        refusal = await self.refusal(scope)
+        if refusal is None:
+            return send
+        await self.refuse(refusal, send)
+        return None
+
+    async def refusal(self, scope: Scope) -> HttpResponseBase | None:
+        """What refuses this request (HTTP or websocket) before any handler, or None: the
+        cross-site rule first (the same 403 whatever the credential, no key hashed), then
+        the Host header and the API key (``web.access``), with this runtime's settings."""
+        keys = self.runtime.keys if self.runtime is not None else None
+        return cross_site_refusal(scope, self.security) or await access_refusal(scope, keys)
+
+    async def refuse(self, response: HttpResponseBase, send: Send) -> None:
+        await self.send_response(response, send)
+        close_response(response)
+
+    # -- the request -------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            body = await read_body(scope, receive, self.limits)
+        except RequestAborted:
+            return
+        except BodyRefused as refused:
+            await self.send_response(refused.response, send)
+            return
+        set_script_prefix(self.get_script_prefix(scope))
+        request, error = self.create_request(scope, io.BytesIO(body))
+        if request is None:
+            assert error is not None
+            await self.refuse(error, send)
+            return
+        # The body as one bytes object: Django's ``request.body`` would copy the stream
+        # (and refuse more than DATA_UPLOAD_MAX_MEMORY_SIZE); the BytesIO above shares it.
+        request._body = body
+        del body
+        request.scope = scope
+        request.turn = None  # type: ignore[attr-defined]
+
+        async def process_request() -> HttpResponseBase:
+            response = await self.run_get_response(request)
+            try:
+                await self.send_response(response, send)
+            except asyncio.CancelledError:
+                pass  # client gone while sending
+            return response
+
+        # Cancel the view when the client disconnects (Django's own behaviour).
+        listener = asyncio.create_task(self.listen_for_disconnect(receive))
+        worker = asyncio.create_task(process_request())
+        cancelled = False
+        failure: BaseException | None = None
+        try:
+            await asyncio.wait((listener, worker), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            cancelled = True  # the server gave up on the request: as good as a disconnect
+            raise
+        finally:
+            # Also when this handler itself is cancelled (the server gave up on the
+            # request): nothing below may be skipped.
+            for task in (listener, worker):
+                if not task.done():
+                    task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait((listener, worker))
+            disconnected = listener.done() and not listener.cancelled()
+            if disconnected:
+                listener.exception()  # retrieved (RequestAborted): no "never retrieved" log
+            disconnected = disconnected or cancelled
+            if worker.cancelled():
+                failure = asyncio.CancelledError()
+            elif worker.exception() is not None:
+                failure = worker.exception()
+            # Read the outcomes without raising them here: a raised exception's traceback
+            # holds this frame, which holds the tasks, which hold the exception: a
+            # reference cycle per request (the listener ends in RequestAborted or
+            # CancelledError every time), left to the cyclic GC, whose collections showed
+            # as latency spikes.
+            turn: Turn | None = request.turn  # type: ignore[attr-defined]
+            if turn is not None:
+                status = None
+                if worker.done() and not worker.cancelled() and worker.exception() is None:
+                    status = worker.result().status_code
+                await turn.close(disconnected=disconnected, error=failure, status=status)
+            request.turn = None  # type: ignore[attr-defined]
+        if failure is not None and not isinstance(failure, asyncio.CancelledError):
+            raise failure
+        if not worker.cancelled() and worker.exception() is None:
+            close_response(worker.result())
+
+    async def send_response(self, response: HttpResponseBase, send: Send) -> None:
+        """Django's, except for a relayed stream (``response.relay_stream``, set by
+        proxy/relay.py): its pieces go to the server as they come, without the three
+        generator layers and the re-chunking Django puts around every piece."""
+        stream = getattr(response, "relay_stream", None)
+        if stream is None:
+            await super().send_response(response, send)
+            return
+        headers = []
+        for name, value in response.items():
+            headers.append((name.encode("ascii"), value.encode("latin1")))
+        for cookie in response.cookies.values():
+            headers.append((b"Set-Cookie", cookie.output(header="").encode("ascii").strip()))
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        )
+        try:
+            async for chunk in stream:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        finally:
+            await stream.aclose()
+        await send({"type": "http.response.body"})
+
+    @staticmethod
+    def get_script_prefix(scope: Mapping[str, Any]) -> str:
+        prefix: str = scope.get("root_path", "") or "/"
+        return prefix
+
+
+def _allowing(send: Send, origin: bytes) -> Send:
+    """``send`` with ``Access-Control-Allow-Origin: origin`` on the response's headers."""
+
+    async def sending(message: Mapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            headers = with_allowed_origin(message.get("headers", []), origin)
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return sending
+
+
+# -- the body --------------------------------------------------------------------------------
+
+
+class BodyRefused(Exception):
+    """The body was not read: ``response`` says why (413, 408)."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        self.response = response
+
+
+def declared_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def read_body(scope: Scope, receive: Receive, limits: RequestLimits) -> bytes:
+    """The whole request body as one bytes object, within ``limits`` (see RequestLimits):
+    at most ``max_body_bytes`` (else a 413 before reading it), ``body_timeout`` in all and
+    ``body_idle_timeout`` between chunks (else a 408)."""
+    limit = limits.max_body_bytes
+    declared = declared_length(scope)
+    if declared is not None and declared > limit:
+        raise BodyRefused(too_large(declared, limit))
+    chunks = []
+    size = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.body_timeout if limits.body_timeout else None
+    idle = limits.body_idle_timeout or None
+    try:
+        async with asyncio.timeout(None) as timer:
+            while True:
+                if idle is not None or deadline is not None:
+                    at = loop.time() + idle if idle is not None else deadline
+                    assert at is not None
+                    timer.reschedule(at if deadline is None else min(at, deadline))
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise RequestAborted()
+                chunk: bytes = message.get("body", b"")
+                if chunk:
+                    size += len(chunk)
+                    if size > limit:
+                        raise BodyRefused(too_large(size, limit))
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+    except TimeoutError:
+        client = scope.get("client") or ("?", 0)
+        log.warning(
+            "request body too slow; connection cut",
+            extra={
+                "client": f"{client[0]}:{client[1]}",
+                "path": scope.get("path", ""),
+                "received": size,
+            },
+        )
+        raise BodyRefused(
+            error_response(408, "the request body did not arrive in time", code="request_timeout")
+        ) from None
+    if len(chunks) == 1:
+        return chunks[0]
+    return b"".join(chunks)
+
+
+def too_large(size: int, limit: int) -> HttpResponse:
+    return error_response(
+        413,
+        f"request body of {size} bytes is over the limit of {limit} bytes (limits.maxBodyBytes)",
+        code="request_too_large",
+    )
+
+
+def close_response(response: HttpResponseBase) -> None:
+    """HttpResponse.close() without the request_finished signal."""
+    for closer in response._resource_closers:  # type: ignore[attr-defined]
+        try:
+            closer()
+        except Exception:
+            pass
+    response._resource_closers.clear()  # type: ignore[attr-defined]
+    response.closed = True
