@@ -47,10 +47,21 @@ class FakeLLMServer:
     proc: asyncio.subprocess.Process
     port: int
     output: list[str] = field(default_factory=list)
+    new_line: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    async def line_with(self, text: str) -> str:
+        """The first output line containing ``text``, once it has been read (its stderr is
+        read by another task, which may lag behind what the server already answered)."""
+        while True:
+            for line in self.output:
+                if text in line:
+                    return line
+            self.new_line.clear()
+            await self.new_line.wait()
 
 
 @pytest.fixture
@@ -81,9 +92,11 @@ async def fakellm() -> AsyncIterator[Callable[..., Awaitable[FakeLLMServer]]]:
             async for raw in proc.stderr:
                 line = raw.decode(errors="replace").rstrip("\n")
                 server.output.append(line)
+                server.new_line.set()
                 if "listening on" in line:
                     listening.set()
             listening.set()  # EOF: it died; let start() notice
+            server.new_line.set()
 
         readers.append(asyncio.create_task(read_output()))
         async with asyncio.timeout(FAKELLM_START_TIMEOUT):

@@ -146,6 +146,12 @@ def test_a_run_with_a_group_bounds_and_two_lanes_replays_in_the_same_order(tmp_p
     assert orders["replayed"] == orders["recorded"], report
     assert report["replay_error"]["same_order"] == 1.0
     refused = report["refused"]
-    assert refused["recorded"] == refused["replayed"] == {"expired": statuses.count(503)}, refused
+    # Every maxWait expiry a client saw is recorded and replayed as one. (On a loaded machine
+    # another 503 can reach a client too, a model slow to start, say: the replay is judged on
+    # the refusals the server itself made, which is what its records hold.)
+    codes = [r.json()["error"]["code"] for r in responses if r.status_code == 503]
+    expired = codes.count("queue_wait_exceeded")
+    assert expired >= 3, codes
+    assert refused["recorded"] == refused["replayed"] == {"expired": expired}, (refused, codes)
     recorded, replayed = report["results"][0], report["results"][1]
     assert replayed["swaps"] == recorded["swaps"]  # the group kept a and b loaded together
