@@ -358,8 +358,8 @@ async def capture(request: HttpRequest, capture_id: str) -> HttpResponse:
             404, f"capture {echo(capture_id)} not found", code="capture_not_found"
         )
     if row_id is None and "\x00" not in request_id:  # PostgreSQL refuses NUL in a compare
-        found = await RequestRecord.objects.filter(request_id=request_id).values_list("id").afirst()
-        row_id = found[0] if found else None
+        row = await RequestRecord.objects.filter(request_id=request_id).values_list("id").afirst()
+        row_id = row[0] if row else None
     return JsonResponse(kept.as_json(row_id))
 
 

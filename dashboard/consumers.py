@@ -26,7 +26,7 @@ REFRESH_SPACING = 0.1
 """Seconds between two full snapshots sent for ``refresh`` requests on one socket."""
 
 
-class DashboardConsumer(AsyncJsonWebsocketConsumer):
+class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels ships no types
     """Joins the ``dashboard`` group, sends a snapshot on connect, relays updates."""
 
     group = live.GROUP

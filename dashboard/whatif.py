@@ -37,9 +37,9 @@ from django.utils import timezone
 
 from activity.history import history_rows
 from activity.models import RequestRecord
+from control.settings_store import stored_settings
 from dashboard.access import read_only_page
 from dashboard.filters import BadFilter, parse_when, parse_zone
-from dashboard.settings_store import stored_settings
 from scheduler.core.advisor import (
     Advice,
     CrossBand,
@@ -450,15 +450,15 @@ def whatif(request: HttpRequest) -> HttpResponse:
         zone = parse_zone(params.get("tz", "").strip())
     except BadFilter as exc:
         problems.append(str(exc))
+    given = {name: params.get(name, "").strip() for name in ("since", "until")}
     form = {
-        "since": params.get("since", "").strip(),
-        "until": params.get("until", "").strip(),
+        **given,
         "candidates": [params.get(f"c{k}", "").strip() for k in range(1, MAX_CANDIDATES + 1)],
     }
     bounds: dict[str, datetime | None] = {"since": None, "until": None}
     for name in ("since", "until"):
         try:
-            bounds[name] = parse_when(name, form[name], end=name == "until", zone=zone)
+            bounds[name] = parse_when(name, given[name], end=name == "until", zone=zone)
         except BadFilter as exc:
             problems.append(str(exc))
     if not form["since"] and not form["until"] and not problems:

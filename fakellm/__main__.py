@@ -11,6 +11,7 @@ import argparse
 import os
 import signal
 import sys
+from typing import Any
 
 REQUEST_BUFFER_SIZE = 64 * 1024 * 1024
 """daphne hands the body over in pieces of this size: one piece for any sane request."""
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     listening = []
 
-    class FakeLLMServer(Server):
+    class FakeLLMServer(Server):  # type: ignore[misc]  # daphne ships no types
         def listen_success(self, port: object) -> None:
             super().listen_success(port)
             listening.append(port)
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         if not stopping:  # a second signal finds it stopping already
             stopping = True
             log("shutting down")
-            reactor.stop()
+            core: Any = reactor  # its zope interfaces read as unbound methods to plain mypy
+            core.stop()
 
     def ready() -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -3,14 +3,20 @@ scheduler (the activity log and metrics, the dashboard's live updates) into it."
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from scheduler.config import Config
 
+if TYPE_CHECKING:
+    from activity.journal import Journal
+    from scheduler.dispatcher import Observer
 
-def build_observers(config: Config) -> list:
+
+def build_observers(config: Config) -> list[Observer]:
     from dashboard.live import LiveObserver  # pushes snapshots to the dashboard's websockets
     from dashboard.model_watch import ModelWatch  # the models page's load times, failures
 
-    observers: list = []
+    observers: list[Observer] = []
     observers.append(LiveObserver())
     from proxy.events import hub  # llama-swap's /api/events stream
 
@@ -20,14 +26,14 @@ def build_observers(config: Config) -> list:
     return observers
 
 
-def _activity_observers(config: Config) -> list:
+def _activity_observers(config: Config) -> list[Observer]:
     """/metrics counters and the activity log. The recorder only needs the
     database once its task runs; without tables it logs and drops, never blocks."""
     from django.conf import settings
 
     from activity.metrics import MetricsObserver
 
-    observers: list = [MetricsObserver(config)]
+    observers: list[Observer] = [MetricsObserver(config)]
     if getattr(settings, "ACTIVITY_RECORDING", True):
         from activity.journal import replay_dead
         from activity.recorder import Recorder
@@ -45,7 +51,7 @@ def _activity_observers(config: Config) -> list:
     return observers
 
 
-def _journal():
+def _journal() -> Journal | None:
     """This server's activity journal (records survive a killed server); without one
     (an unwritable state directory) records are saved as before, and a warning says so."""
     import logging

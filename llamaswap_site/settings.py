@@ -1,7 +1,9 @@
 """Settings for llamaswap: one file, every value read once from the environment."""
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -48,6 +50,7 @@ INSTALLED_APPS = [
     "django_prometheus",
     "scheduler",
     "activity",
+    "control",  # settings records, issued keys, access control and their admin
     "proxy",
     "dashboard",
     "llamaswap_site",  # the composition: `serve` wires the dispatcher, proxy and dashboard
@@ -112,7 +115,7 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 _db["ENGINE"] = _PROMETHEUS_ENGINES.get(_db["ENGINE"], _db["ENGINE"])
 
 
-def secret_key_file(db: dict) -> Path:
+def secret_key_file(db: Mapping[str, Any]) -> Path:
     """Where a generated SECRET_KEY is kept: beside the SQLite file (``NAME-secret_key``,
     which the ``*.sqlite3-*`` ignore rule covers), else ``var/secret_key``."""
     name = str(db.get("NAME") or "")
@@ -185,6 +188,13 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Fleet mode (fleet/, docs/fleet.md): on when REDIS_URL is set and this node has a name
+# (`serve --node NAME` overrides LLAMASWAP_NODE). The URL other nodes forward to defaults
+# to the listen address; the prefix keeps two fleets on one Redis apart.
+LLAMASWAP_NODE = os.getenv("LLAMASWAP_NODE", "").strip()
+LLAMASWAP_NODE_URL = os.getenv("LLAMASWAP_NODE_URL", "").strip()
+LLAMASWAP_FLEET_PREFIX = os.getenv("LLAMASWAP_FLEET_PREFIX", "").strip() or "llamaswap:fleet"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
