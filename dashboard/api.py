@@ -7,7 +7,7 @@
   requests dispatched while it waited, each with the score it won with.
 
 Async views on Django's stock handler, reading with the async ORM. With API keys
-configured the router lets only a valid key through (``llamaswap_site.asgi``); without
+configured the router lets only a valid key through (``web.access``); without
 keys, ``DASHBOARD_REQUIRE_LOGIN`` puts them behind the Django login
 (``dashboard.access.api_refusal``).
 """

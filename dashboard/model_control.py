@@ -6,7 +6,7 @@
   during its ``startFailureCooldown``: a Load tries again at once. Answers when it is ready
   (``{"model": id, "state": "ready"}``) or could not start (503 with the cause). With API
   keys required it needs a key granted the ``models`` scope or a staff session
-  (``llamaswap_site.asgi``); another site's page is refused (keys or not).
+  (``web.access``); another site's page is refused (keys or not).
 * ``POST /models/control/`` (the models page, a staff session, the CSRF token):
   ``action`` = ``load`` | ``unload`` | ``unload_all``, ``model``.
 

@@ -5,7 +5,7 @@ audit trail.
 * ``PUT /api/profiles/active`` with ``{"name": "<id>"}`` or ``{"name": null}`` (none):
   ``{"active": ...}``; 404 for an unknown profile. llama-swap's paths and bodies. Like the
   other state-changing endpoints: with API keys required it needs a key granted the
-  ``profiles`` scope or a staff member's session (``llamaswap_site.asgi``), and a browser
+  ``profiles`` scope or a staff member's session (``web.access``), and a browser
   page of another site is refused (keys or not).
 * The dashboard's control (``POST /dashboard/profile/``, a form with the CSRF token): staff
   members only (a staff login has every scope).

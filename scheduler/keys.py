@@ -21,7 +21,7 @@ The rule, applied to the ``X-LlamaSwap-Priority`` header:
 * ``offset``: added after the ceiling (a tier bonus that breaks ties inside a band).
 
 What a key may reach is its :class:`Scope` set: inference only unless the key is granted
-more (``llamaswap_site.asgi`` maps every path to the scope it needs). A box "stays keyed"
+more (``web.access`` maps every path to the scope it needs). A box "stays keyed"
 (:attr:`KeyRing.required`): once any key has been in force, removing the last one does not
 open it; only an operator's explicit act does (control/keys.py keeps that in the
 database).
@@ -46,7 +46,7 @@ from scheduler.core.priority import parse_priority_or_none
 
 
 class Scope(StrEnum):
-    """What a key may reach. Declared once; ``llamaswap_site.asgi.PATH_SCOPES`` says which
+    """What a key may reach. Declared once; ``web.access.PATH_SCOPES`` says which
     path needs which."""
 
     INFERENCE = "inference"

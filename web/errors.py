@@ -145,7 +145,7 @@ def clip(text: str, limit: int = ECHO_LIMIT) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-# -- access (llamaswap_site/asgi.py) ----------------------------------------------------------
+# -- access (web/access.py, proxy/handler.py) -----------------------------------------------------
 
 AUTH_REALM = "llamaswap"
 

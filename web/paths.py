@@ -1,5 +1,5 @@
 """Which paths are the proxy's, and which answer errors in JSON: the one table the router
-(``llamaswap_site/asgi.py``), the proxy's URLconf and the error handlers read."""
+(``proxy/handler.py``), the proxy's URLconf and the error handlers read."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ PROXY_EXACT = frozenset(
         "wol-health",  # llama-swap's /health for its wake-on-LAN helper
     ]
 )
-"""Paths served by the lean proxy handler (see ``llamaswap_site/asgi.py``)."""
+"""Paths served by the lean proxy handler (see ``proxy/handler.py``)."""
 PROXY_PREFIXES = ("/upstream/", "/api/models/unload", "/api/inflight/", "/logs/stream/")
 
 JSON_PREFIXES = ("/v1/", "/api/", "/upstream/", "/logs/")
