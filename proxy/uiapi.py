@@ -1,5 +1,6 @@
-"""llama-swap's web-UI API on the lean proxy handler: ``/running``'s records,
-``GET /api/version`` and ``POST /api/inflight/{id}/cancel``.
+"""llama-swap's web-UI API: ``/running``'s records, ``GET /api/version``,
+``POST /api/inflight/{id}/cancel``, ``GET /api/hardware``, ``GET /api/performance``, and
+where its web UI's addresses (``/ui/...``, ``GET /upstream``) lead here.
 
 Thin async views; what they answer is llama-swap's shape (``docs/llama-swap-compat.md``).
 """
@@ -11,9 +12,10 @@ import shlex
 from importlib import metadata
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from proxy import hardware
 from scheduler import runtime
 from scheduler.config import ModelConfig
 from scheduler.keys import Scope
@@ -120,3 +122,38 @@ async def cancel_inflight(request: HttpRequest, request_id: str) -> HttpResponse
         )
     was = "waiting" if outcome is CancelOutcome.CANCELLED_WAITING else "running"
     return JsonResponse({"msg": "ok", "was": was})
+
+
+async def hardware_snapshot(request: HttpRequest) -> HttpResponse:
+    """GET /api/hardware: llama-swap's machine snapshot (proxy/hardware.py)."""
+    return JsonResponse(hardware.snapshot())
+
+
+async def performance(request: HttpRequest) -> HttpResponse:
+    """GET /api/performance: llama-swap's answer when its CPU/GPU sampling is off
+    (``503 {"enabled": false}``): llamaswap samples none (docs/llama-swap-compat.md)."""
+    response = JsonResponse({"enabled": False}, status=503)
+    # The expected answer, not a server error: Django would log every poll as an ERROR.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
+UI_PAGES = {
+    "": "/",
+    "models": "/models/",
+    "logs": "/dashboard/logs/",
+    "activity": "/history/",
+    "performance": "/",
+}
+"""llama-swap's web-UI pages (``/ui/<page>``) -> the dashboard page that shows the same."""
+
+
+async def ui_redirect(request: HttpRequest, page: str = "") -> HttpResponse:
+    """GET /ui/...: a bookmark to llama-swap's web UI lands on the dashboard's page for it
+    (302; an unknown page on the dashboard itself)."""
+    return HttpResponseRedirect(UI_PAGES.get(page.strip("/"), "/"))
+
+
+async def upstream_index(request: HttpRequest) -> HttpResponse:
+    """GET /upstream: 302 to ``/ui/models``, as llama-swap (which leads to the models page)."""
+    return HttpResponseRedirect("/ui/models")

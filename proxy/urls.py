@@ -18,6 +18,10 @@ urlpatterns = [path(p, views.inference) for p in INFERENCE_PATHS] + [
     path("v1/models", read(views.list_models)),
     path("running", read(uiapi.running)),
     path("api/version", read(uiapi.version)),
+    path("api/hardware", read(uiapi.hardware_snapshot)),
+    path("api/performance", read(uiapi.performance)),
+    path("upstream", read(uiapi.upstream_index)),  # llama-swap's: to its models page
+    re_path(r"^ui(?:/(?P<page>.*))?$", read(uiapi.ui_redirect)),  # its web UI's addresses
     path("api/events", read(events.events)),  # SSE, llama-swap's web UI
     path("api/inflight/<str:request_id>/cancel", allow_methods("POST")(uiapi.cancel_inflight)),
     path("unload", allow_methods("GET")(views.unload)),  # legacy; HEAD would unload too

@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -22,11 +21,13 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
-from proxy import inflight, peers, progress, routing
+from fleet import placing
+from proxy import inflight, passthrough, peers, progress, routing
+from proxy.passthrough import path_allowed
 from proxy.relay import relay
 from proxy.turn import RECORD_EXTRA
 from scheduler import runtime
-from scheduler.config import Capabilities, Config, ModelConfig, PathPattern
+from scheduler.config import Capabilities, ModelConfig
 from scheduler.names import Unroutable
 from scheduler.process import ModelState
 from web.access import cross_origin
@@ -36,7 +37,7 @@ from web.paths import inference_methods, upstream_path
 log = logging.getLogger("llamaswap.proxy")
 
 
-def _new_request_id() -> str:
+def new_request_id() -> str:
     """``uuid.uuid4().hex`` without building a UUID object (under half the cost): the same
     32 hex digits with the same version (4) and variant (RFC 4122) bits."""
     n = int.from_bytes(os.urandom(16), "big")
@@ -56,7 +57,7 @@ async def inference(request: HttpRequest) -> HttpResponse:
     queued (proxy/routing.py): the dispatcher sees the model that runs it. A peer's model
     is forwarded at once and takes no turn here (proxy/peers.py).
     """
-    request_id = _new_request_id()
+    request_id = new_request_id()
     methods = inference_methods(request.path)
     if request.method not in methods:
         return method_not_allowed(request, methods, request_id=request_id)
@@ -124,6 +125,12 @@ async def inference(request: HttpRequest) -> HttpResponse:
         if field is not None:
             body = routing.rewrite_multipart_model(body, request.content_params["boundary"], field)
     extra = routing.record_extra(target)
+    hop = placing.hop(request, target, extra)  # fleet: another node starts it sooner
+    if hop is not None:  # None back: that node was unreachable, it runs here after all
+        forwarding = peers.forward(request, hop.route, request_id, body, extra)
+        forwarded = await placing.sent(request, hop, forwarding)
+        if forwarded is not None:
+            return forwarded
     if target.peer is not None:
         return await peers.forward(request, target, request_id, body, extra)
     assert target.model is not None
@@ -269,30 +276,24 @@ async def upstream_passthrough(request: HttpRequest, rest: str) -> HttpResponse:
     without the trailing slash is redirected to it, as llama-swap does (301 for GET and
     HEAD, 308 otherwise), so relative links in a model's web UI resolve. Local models only.
     The active profile's pin applies (to a local target); selectors do not, as in
-    llama-swap.
+    llama-swap (proxy/passthrough.py: the same rule for websockets).
     """
-    request_id = _new_request_id()
+    request_id = new_request_id()
     rt = runtime.current()
-    profile = rt.config.profiles.get(rt.profile) if rt.profile else None
-    pins = profile.pins if profile is not None else {}
-    found = model_in_path(
-        rest, lambda n: n in pins or rt.config.resolve(n) is not None, _longest_name(rt.config)
-    )
+    found = passthrough.find(rt, rest)
     if found is None:
         first = rest.split("/", 1)[0]
         return error_response(
             404, f"model {echo(first)} not found", code="model_not_found", request_id=request_id
         )
-    model_name, path = found
+    model_name, path, model = found
     if path is None:  # /upstream/{model}: to /upstream/{model}/
-        location = "/upstream/" + quote(model_name, safe=_PATH_SAFE) + "/"
+        location = "/upstream/" + quote(model_name, safe=passthrough.PATH_SAFE) + "/"
         if request.META.get("QUERY_STRING"):
             location += "?" + request.META["QUERY_STRING"]
         response = HttpResponse(status=301 if request.method in ("GET", "HEAD") else 308)
         response["Location"] = location
         return response
-    name = pins.get(model_name, model_name)
-    model = rt.config.resolve(name) if name else None
     if model is None:
         return error_response(
             404,
@@ -300,7 +301,7 @@ async def upstream_passthrough(request: HttpRequest, rest: str) -> HttpResponse:
             code="model_not_found",
             request_id=request_id,
         )
-    raw_rest = _raw_rest(request, model_name, path)
+    raw_rest = passthrough.raw_rest(getattr(request, "scope", None), model_name, path)
     if not path_allowed("/" + path, rt.config.upstream_allow_paths):
         refusal = _path_refusal(model, path, raw_rest, request_id)
         if refusal is not None:
@@ -308,8 +309,7 @@ async def upstream_passthrough(request: HttpRequest, rest: str) -> HttpResponse:
     # upstream.ignorePaths (llama-swap's rule): a matching path (decoded, after the model)
     # never loads the model. Unless it is loaded and ready it is refused here, before any
     # turn is taken.
-    after = "/" + path
-    if any(pattern.search(after) for pattern in rt.config.upstream_ignore_paths) and (
+    if passthrough.ignored("/" + path, rt.config.upstream_ignore_paths) and (
         routing.model_states(rt.dispatcher).get(model.id) is not ModelState.READY
     ):
         return error_response(
@@ -321,54 +321,6 @@ async def upstream_passthrough(request: HttpRequest, rest: str) -> HttpResponse:
     if model_name != model.id:
         RECORD_EXTRA.set({"requested_model": model_name})  # an alias or a pin
     return await relay(request, model, request_id, raw_rest, request.body)
-
-
-_PATH_SAFE = "/:@!$&'()*+,;=-._~"
-"""What a path segment may hold unescaped (RFC 3986 pchar, and ``/``)."""
-_LONGEST: tuple[object, int] = (None, 0)
-
-
-def _longest_name(config: Config) -> int:
-    """The longest name ``/upstream/`` may find in ``config`` (ids, aliases, profile pins):
-    no request makes :func:`model_in_path` try longer ones. Computed once per config."""
-    global _LONGEST
-    if _LONGEST[0] is not config:
-        names = [*config.models, *config.aliases]
-        names += [pin for profile in config.profiles.values() for pin in profile.pins]
-        _LONGEST = (config, max(map(len, names), default=0))
-    return _LONGEST[1]
-
-
-def model_in_path(
-    rest: str, known: Callable[[str], bool], longest: int
-) -> tuple[str, str | None] | None:
-    """``(name, path)`` for ``rest`` (what follows ``/upstream/``): ``name`` the longest
-    leading run of ``/``-separated segments that is ``known`` (at most ``longest``
-    characters: the few candidates a real name allows, whatever the path's length),
-    ``path`` what follows its ``/``, or None when nothing follows (no trailing slash).
-    None when no leading run is known."""
-    found: tuple[str, str | None] | None = None
-    end = -1
-    while True:
-        end = rest.find("/", end + 1)
-        name = rest if end < 0 else rest[:end]
-        if len(name) > longest:
-            break
-        if name and known(name):
-            found = (name, None if end < 0 else rest[end + 1 :])
-        if end < 0:
-            break
-    return found
-
-
-def path_allowed(path: str, patterns: tuple[PathPattern, ...]) -> bool:
-    """May ``/upstream/<model>`` reach ``path`` (decoded, after the model, as
-    ``ignorePaths`` sees it)? One of ``patterns`` (``upstream.allowPaths``) must match it,
-    and it has no ``.`` or ``..`` segment: a model server that resolves them would serve
-    another path than the one checked (``/v1%2F..%2Fslots``)."""
-    if "/." in path and any(segment in (".", "..") for segment in path.split("/")):
-        return False
-    return any(pattern.search(path) for pattern in patterns)
 
 
 def _path_refusal(
@@ -387,24 +339,6 @@ def _path_refusal(
         code="path_not_allowed",
         request_id=request_id,
     )
-
-
-def _raw_rest(request: HttpRequest, model_name: str, path: str) -> str:
-    """The path after ``/upstream/{model}`` exactly as the client sent it: still
-    percent-encoded, so ``%3F``, ``%23``, ``%2F`` and ``%25`` reach the model as sent
-    (the decoded ``path`` would turn them into a query, a fragment, a separator). The
-    model's name may itself have been sent encoded (``org%2Fmodel``): the raw path is
-    walked until the decoded ``/upstream/{model}`` is consumed."""
-    scope = getattr(request, "scope", None)
-    raw = scope.get("raw_path") if scope is not None else None
-    if not raw:
-        return "/" + path
-    raw = raw.split(b"?", 1)[0]
-    prefix = ("/upstream/" + model_name).encode()
-    i = 0
-    for _ in range(len(prefix)):  # one decoded byte per step: %XX or a plain byte
-        i += 3 if raw[i : i + 1] == b"%" else 1
-    return raw[i:].decode("latin-1") or "/"
 
 
 # -- not scheduled -----------------------------------------------------------------------

@@ -10,8 +10,12 @@ Two ways in, one set of messages (:func:`inspect_config`):
 
 Messages:
 
-* ``llamaswap.E001``: the config cannot be used; the message names the key path (one
-  per problem found: every invalid scheduler setting is listed, not only the first).
+* ``llamaswap.E001``: the config cannot be used; the message names the key path, one per
+  problem: :func:`every_error` finds the first, then parses the file again without the
+  key at fault (a model's ``cmd`` replaced by a placeholder, a list entry's whole list
+  left out), and so on, so a config with three mistakes in different places reports
+  all three in one run (at most :data:`MAX_ERRORS`). A file that cannot be read (missing,
+  not YAML) is one error.
 * ``llamaswap.W001``: a key that is ignored (not supported, unknown) or adjusted.
 """
 
@@ -24,7 +28,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from scheduler.config import Config, ConfigError, load_config
+from scheduler.config import Config, ConfigError, load_config, parse_config, read_yaml
 from scheduler.sources import load_sources
 
 log = logging.getLogger("llamaswap.config")
@@ -32,6 +36,97 @@ log = logging.getLogger("llamaswap.config")
 TAG = "llamaswap"
 E_CONFIG = "llamaswap.E001"
 W_CONFIG = "llamaswap.W001"
+MAX_ERRORS = 20
+"""Errors one ``check`` lists at most (each costs a parse of the file)."""
+PLACEHOLDER_CMD = "llamaswap-check-placeholder ${PORT}"
+"""What a model's faulty (or missing) ``cmd`` is replaced by while the rest is checked."""
+
+
+def every_error(first: ConfigError, path: str) -> list[ConfigError]:
+    """``first`` (raised loading ``path``) and the errors after it: the file parsed again
+    without each key at fault, until it parses, a key cannot be left out, or
+    :data:`MAX_ERRORS`. Each error keeps its own key path."""
+    errors = list(first.every)
+    if not path or first.key in ("", path):
+        return errors  # the file itself (missing, not YAML): nothing to go on with
+    try:
+        data = read_yaml(path)
+    except ConfigError:
+        return errors
+    if not isinstance(data, dict):
+        return errors
+    seen = {error.key for error in errors}
+    pending = [(error.key, False) for error in errors]
+    for _ in range(2 * MAX_ERRORS):  # every round leaves something out, or ends
+        for key, again in pending:
+            if not _leave_out(data, key, again):
+                return errors
+        try:
+            parse_config(data, source=path)
+        except ConfigError as exc:
+            fresh = [error for error in exc.every if error.key not in seen]
+            if fresh:
+                errors += fresh
+                seen.update(error.key for error in fresh)
+                pending = [(error.key, False) for error in fresh]
+            else:  # a key left out (or replaced) is still at fault: its parent goes
+                pending = [(_parent(error.key), True) for error in exc.every]
+        except Exception:  # a parser bug the edited file triggered: what was found stands
+            log.debug("re-checking %s failed", path, exc_info=True)
+            return errors
+        else:
+            return errors
+        if len(errors) >= MAX_ERRORS:
+            break
+    return errors[:MAX_ERRORS]
+
+
+def _locate(data: Any, key: str) -> list[tuple[Any, Any]]:
+    """The ``(container, key)`` steps of ``key`` (``models.org/model.ttl``,
+    ``apiKeys[1]``) in ``data``, as far as they go. Mapping keys may hold dots: the
+    longest one that fits is taken."""
+    steps: list[tuple[Any, Any]] = []
+    node, rest = data, key
+    while rest:
+        if rest.startswith("[") and isinstance(node, list) and "]" in rest:
+            index = rest[1 : rest.index("]")]
+            if not index.isdigit() or int(index) >= len(node):
+                break
+            steps.append((node, int(index)))
+            node, rest = node[int(index)], rest[rest.index("]") + 1 :].removeprefix(".")
+            continue
+        if not isinstance(node, dict):
+            break
+        fits = [k for k in node if rest == str(k) or rest.startswith((f"{k}.", f"{k}["))]
+        if not fits:
+            break
+        k = max(fits, key=lambda k: len(str(k)))
+        steps.append((node, k))
+        node, rest = node[k], rest[len(str(k)) :].removeprefix(".")
+    return steps
+
+
+def _parent(key: str) -> str:
+    cut = max(key.rfind("."), key.rfind("["))
+    return key[:cut] if cut > 0 else ""
+
+
+def _leave_out(data: dict[str, Any], key: str, again: bool) -> bool:
+    """Take the value at ``key`` out of ``data`` (a model's ``cmd``: replaced by
+    :data:`PLACEHOLDER_CMD`, unless ``again``; a list entry: the whole list). False when
+    ``key`` is not found in ``data``."""
+    steps = _locate(data, key)
+    while steps and not isinstance(steps[-1][0], dict):
+        steps.pop()  # a list entry: the list goes (its other entries' indexes stay true)
+    if not steps:
+        return False
+    container, name = steps[-1]
+    in_model = len(steps) == 3 and steps[0][1] == "models"
+    if in_model and name == "cmd" and not again:
+        container[name] = PLACEHOLDER_CMD
+    else:
+        del container[name]
+    return True
 
 
 def inspect_config(
@@ -61,6 +156,7 @@ def inspect_config(
             hint = f"No file at {path}{origin}; a relative path starts at {os.getcwd()}."
         else:
             hint = f"Fix {where} in {path}{origin}; config.example.yaml shows every supported key."
+        found = every_error(exc, "" if config_dir else path)
         return None, [
             checks.Error(
                 exc.message if file_level else f"{exc.key}: {exc.message}",
@@ -69,9 +165,9 @@ def inspect_config(
                 id=E_CONFIG,
             )
         ] + [
-            # Problems found in the same pass (every invalid scheduler setting), each with its key.
+            # Every other problem (every_error), each with its key.
             checks.Error(f"{more.key}: {more.message}", hint=hint, obj=path, id=E_CONFIG)
-            for more in exc.also
+            for more in found[1:]
         ]
     return config, [
         checks.Warning(

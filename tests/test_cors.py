@@ -168,6 +168,77 @@ async def test_a_request_without_origin_gets_no_cors_header():
         assert _all_headers(call, b"access-control-allow-origin") == [b"*"]  # the model's own
 
 
+# -- security.cors's other keys -----------------------------------------------------------------
+
+
+def test_cors_keys_shape_the_preflight():
+    security = _config(
+        security={
+            "cors": {
+                "allowedOrigins": ["https://chat.example"],
+                "allowedMethods": ["GET", "POST"],
+                "allowedHeaders": ["Content-Type", "X-Custom"],
+                "maxAge": 600,
+                "allowCredentials": True,
+            }
+        }
+    ).security
+    asked = b"content-type, x-other"
+    headers = dict(preflight_headers(PAGE, asked, security))
+    assert headers[b"access-control-allow-origin"] == PAGE
+    assert headers[b"access-control-allow-methods"] == b"GET, POST"
+    assert headers[b"access-control-allow-headers"] == b"Content-Type, X-Custom"  # not echoed
+    assert headers[b"access-control-max-age"] == b"600"
+    assert headers[b"access-control-allow-credentials"] == b"true"
+    # A foreign origin is still told no, credentials or not.
+    foreign = dict(preflight_headers(b"https://evil.example", asked, security))
+    assert b"access-control-allow-origin" not in foreign
+    assert b"access-control-allow-credentials" not in foreign
+    star = _config(security={"cors": {"allowedHeaders": ["*"]}}).security
+    assert dict(preflight_headers(None, asked, star))[b"access-control-allow-headers"] == b"*"
+
+
+async def test_exposed_headers_and_credentials_reach_an_allowed_origins_responses():
+    cors = {
+        "allowedOrigins": ["https://chat.example"],
+        "exposedHeaders": ["X-Model-Hint"],
+        "allowCredentials": True,
+    }
+    async with in_process(_config(security={"cors": cors}), transport=Upstream()) as world:
+        sent = [(b"origin", PAGE), (b"sec-fetch-site", b"cross-site")]
+        call = await _call(world.app, "POST", "/v1/chat/completions", CHAT, headers=sent)
+        assert call.status == 200, call.body
+        exposed = call.headers[b"access-control-expose-headers"]
+        assert exposed == b"X-LlamaSwap-Request-Id, Retry-After, X-Model-Hint"
+        assert _all_headers(call, b"access-control-allow-credentials") == [b"true"]
+
+
+@pytest.mark.parametrize(
+    ("cors", "key", "says"),
+    [
+        ({"allowCredentials": "yes"}, "security.cors.allowCredentials", "true or false"),
+        (
+            {"allowCredentials": True, "allowedOrigins": ["*"]},
+            "security.cors.allowCredentials",
+            "list the origins",
+        ),
+        ({"allowedMethods": "GET"}, "security.cors.allowedMethods", "must be a list"),
+        ({"allowedMethods": ["GET", "PO ST"]}, "security.cors.allowedMethods[1]", "HTTP token"),
+        ({"allowedHeaders": ["X-A", "*"]}, "security.cors.allowedHeaders[1]", "the one entry"),
+        ({"exposedHeaders": ["X:Y"]}, "security.cors.exposedHeaders[0]", "HTTP token"),
+        ({"maxAge": -1}, "security.cors.maxAge", ">= 0"),
+        ({"maxAge": "1h"}, "security.cors.maxAge", "integer"),
+    ],
+)
+def test_a_bad_cors_value_is_a_config_error_naming_its_key(cors, key, says):
+    from scheduler.config import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        _config(security={"cors": cors})
+    assert error.value.key == key
+    assert says in str(error.value)
+
+
 # -- ids with "/" ------------------------------------------------------------------------------
 
 

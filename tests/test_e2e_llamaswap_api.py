@@ -300,3 +300,66 @@ def test_global_concurrency_limit(tmp_path):
                 assert again.status_code == 200
 
         asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("path", "location"),
+    [
+        ("/upstream", "/ui/models"),
+        ("/ui", "/"),
+        ("/ui/", "/"),
+        ("/ui/models", "/models/"),
+        ("/ui/logs", "/dashboard/logs/"),
+        ("/ui/activity", "/history/"),
+        ("/ui/performance", "/"),
+        ("/ui/some/old/page", "/"),
+    ],
+)
+def test_llama_swaps_web_ui_addresses_land_on_the_dashboard(server, path, location):
+    r = httpx.get(server.url + path, timeout=5)
+    assert r.status_code == 302 and r.headers["location"] == location
+
+
+def test_hardware_snapshot_in_llama_swaps_shape(server):
+    r = httpx.get(server.url + "/api/hardware", timeout=5)
+    assert r.status_code == 200
+    body = r.json()
+    assert set(body) == {
+        "schema_version",
+        "captured_at",
+        "capture",
+        "architecture",
+        "operating_system",
+        "environment",
+        "cpu",
+        "memory",
+        "accelerators",
+    }
+    import os
+
+    assert body["cpu"]["logical_thread_count"] == os.cpu_count()
+    assert body["memory"]["capacity_bytes"] > 0
+    assert body["operating_system"]["family"] == "linux"
+    assert isinstance(body["accelerators"], list)
+
+
+def test_performance_says_sampling_is_off(server):
+    r = httpx.get(server.url + "/api/performance?after=2020-01-01T00:00:00Z", timeout=5)
+    assert r.status_code == 503 and r.json() == {"enabled": False}
+
+
+def test_cpu_facts_count_sockets_cores_and_threads():
+    from proxy.hardware import cpu_facts
+
+    text = "".join(
+        f"processor : {i}\nvendor_id : GenuineIntel\nmodel name : Xeon\n"
+        f"physical id : {i // 4}\ncore id : {i % 4 // 2}\n\n"
+        for i in range(8)
+    )
+    assert cpu_facts(text) == {
+        "vendor": "GenuineIntel",
+        "model": "Xeon",
+        "socket_count": 2,
+        "physical_core_count": 4,
+        "logical_thread_count": 8,
+    }

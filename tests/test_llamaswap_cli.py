@@ -337,3 +337,106 @@ def test_log_to_stdout_none_under_serve(tmp_path):
     assert lines, served.err  # warnings and errors only (llama-swap: nothing)
     assert not [line for line in lines if " INFO " in line], served.err
     assert "[m] " not in served.out
+
+
+# -- `llamaswap check`: every error in one run -------------------------------------------------
+
+SCRIPT = Path(sys.executable).parent / "llamaswap"
+"""The installed console script (what a user and a systemd unit run)."""
+
+
+def test_check_lists_every_error_each_with_its_key(tmp_path):
+    """Three mistakes in different places (a model's ttl, another model's missing cmd, a
+    CORS setting) and a list entry: all reported in one run, each naming its key; exit 1."""
+    port = pick_free_port()
+    config = {
+        "models": {
+            "a": {**fake_model(port), "ttl": -5},
+            "b.v2": {"proxy": "http://127.0.0.1:1"},  # no cmd; a dot in the id
+            "c": fake_model(port + 1),
+        },
+        "security": {"cors": {"maxAge": "a day"}},
+        "apiKeys": ["fine", "has space"],
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [str(SCRIPT), "check", str(path)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    keys = sorted(line.split(": error: ", 1)[1].split(": ", 1)[0] for line in errors)
+    assert keys == ["apiKeys[1]", "models.a.ttl", "models.b.v2.cmd", "security.cors.maxAge"], (
+        result.stderr
+    )
+
+
+def test_check_of_a_good_config_exits_zero(tmp_path):
+    path = _config(tmp_path)
+    result = subprocess.run(
+        [str(SCRIPT), "check", str(path)],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert ": ok: 2 model(s)" in result.stdout
+
+
+# -- a systemd unit written for llama-swap -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "exec_start",
+    [
+        "llama-swap -config {config} -listen :{port}",
+        "llama-swap --config {config} --listen 127.0.0.1:{port}",
+        "llama-swap -config={config} -listen=:{port} -watch-config",
+    ],
+)
+def test_a_llama_swap_systemd_unit_starts_llamaswap_with_the_binary_renamed(tmp_path, exec_start):
+    """The unit's ``ExecStart=`` as llama-swap's docs write it, split as systemd splits it
+    (shell-style words, no shell), the binary replaced by the installed script."""
+    import shlex
+
+    config = _config(tmp_path)
+    port = pick_free_port()
+    argv = shlex.split(exec_start.format(config=config, port=port))
+    argv[0] = str(SCRIPT)
+    url = f"http://127.0.0.1:{port}"
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen(
+            argv, cwd="/", env=_env(tmp_path), stdout=o, stderr=e, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, err.read_text()
+            try:
+                health = httpx.get(url + "/health", timeout=1)
+                if health.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+        assert health.text == "OK"
+        models = httpx.get(url + "/v1/models", timeout=5)
+        assert models.status_code == 200
+        assert [m["id"] for m in models.json()["data"]] == ["broken", "m"]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+    assert proc.returncode in (0, -signal.SIGTERM), err.read_text()

@@ -323,9 +323,86 @@ def test_upstream_passthrough_with_a_slash_in_the_id(sides, path):
 
 
 def test_bare_upstream(sides):
-    """Not yet (docs/llama-swap-compat.md): llama-swap sends /upstream to its web UI."""
     ours, theirs = both(sides, "GET", "/upstream")
-    assert theirs.status_code == 302 and theirs.headers["location"] == "/ui/models"
+    assert ours.status_code == theirs.status_code == 302
+    assert ours.headers["location"] == theirs.headers["location"] == "/ui/models"
+
+
+@pytest.mark.parametrize("path", ["/ui/", "/ui/models", "/ui/activity", "/ui/logs", "/"])
+def test_web_ui_addresses(sides, path):
+    """Deliberate: llama-swap serves its web UI (``/`` redirects to ``/ui``); here a
+    bookmark to it lands on the dashboard's page for the same thing."""
+    ours, theirs = both(sides, "GET", path)
+    if path == "/":
+        assert theirs.status_code == 302 and theirs.headers["location"] == "/ui"
+        assert ours.status_code in (200, 302)  # the dashboard (or its login)
+        return
+    assert theirs.status_code == 200 and media_type(theirs) == "text/html"
+    landing = {
+        "/ui/": "/",
+        "/ui/models": "/models/",
+        "/ui/activity": "/history/",
+        "/ui/logs": "/dashboard/logs/",
+    }
+    assert ours.status_code == 302 and ours.headers["location"] == landing[path]
+
+
+def test_hardware_and_performance(sides):
+    ours, theirs = both(sides, "GET", "/api/hardware")
+    assert ours.status_code == theirs.status_code == 200
+    assert media_type(ours) == media_type(theirs) == "application/json"
+    mine, its = ours.json(), theirs.json()
+    assert keys(mine) == keys(its)
+    for part in ("capture", "architecture", "operating_system", "environment", "cpu", "memory"):
+        assert keys(mine[part]) == keys(its[part]), part
+    for fact in ("logical_thread_count", "physical_core_count", "socket_count"):
+        assert mine["cpu"][fact] == its["cpu"][fact], fact
+    assert mine["architecture"]["raw_name"] == its["architecture"]["raw_name"]
+    assert mine["memory"]["capacity_bytes"] == its["memory"]["capacity_bytes"]
+    # Deliberate: llamaswap samples no CPU/GPU figures: performance sampling's "off" answer.
+    ours, theirs = both(sides, "GET", "/api/performance")
+    assert theirs.status_code == 200 and theirs.json()["enabled"] is True
+    assert ours.status_code == 503 and ours.json() == {"enabled": False}
+
+
+def test_metrics_and_favicon(sides):
+    """Deliberate: llama-swap's /metrics has system and GPU figures only; ours the
+    scheduler's and each model's (README, "Metrics"): both Prometheus text."""
+    ours, theirs = both(sides, "GET", "/metrics")
+    assert ours.status_code == theirs.status_code == 200
+    assert media_type(ours) == media_type(theirs) == "text/plain"
+    ours, theirs = both(sides, "GET", "/favicon.ico")
+    assert ours.status_code == theirs.status_code == 200
+
+
+def test_profiles_and_captures(sides):
+    ours, theirs = both(sides, "GET", "/api/profiles")
+    assert ours.status_code == theirs.status_code == 200
+    assert ours.json() == theirs.json() == {"active": None, "profiles": []}
+    ours, theirs = both(sides, "GET", "/api/captures/999999")
+    assert ours.status_code == theirs.status_code == 404
+    assert media_type(ours) == media_type(theirs) == "application/json"
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/logs/stream", "/logs/stream/proxy", "/logs/stream/upstream", "/logs/stream/m"],
+)
+def test_log_streams(sides, path):
+    """The same status and framing (a chunked text stream that stays open)."""
+    for side in sides:
+        with httpx.Client(timeout=10) as client, client.stream("GET", side.url + path) as r:
+            assert r.status_code == 200, (side.name, path)
+            assert media_type(r) == "text/plain", (side.name, r.headers)
+            assert r.headers.get("transfer-encoding") == "chunked", (side.name, r.headers)
+
+
+def test_comfyui(sides):
+    """Not yet (docs/llama-swap-compat.md): llama-swap's /comfyui passthrough to the
+    model comfyui_auto."""
+    ours, theirs = both(sides, "GET", "/comfyui/")
+    assert theirs.status_code == 404  # no comfyui_auto in this config
+    assert "comfyui_auto" in theirs.json()["error"]["message"]
     assert ours.status_code == 404
 
 
@@ -421,6 +498,26 @@ def test_events_on_connect(sides):
     ("method", "path", "reaches"),
     [
         ("POST", "/v1/messages/count_tokens", "/v1/messages/count_tokens"),
+        ("POST", "/v1/messages", "/v1/messages"),
+        ("POST", "/v1/responses", "/v1/responses"),
+        ("POST", "/v1/completions", "/v1/completions"),
+        ("POST", "/v1/embeddings", "/v1/embeddings"),
+        ("POST", "/v1/rerank", "/v1/rerank"),
+        ("POST", "/v1/reranking", "/v1/reranking"),
+        ("POST", "/rerank", "/rerank"),
+        ("POST", "/reranking", "/reranking"),
+        ("POST", "/infill", "/infill"),
+        ("POST", "/completion", "/completion"),
+        ("POST", "/v1/audio/speech", "/v1/audio/speech"),
+        ("POST", "/v1/images/generations", "/v1/images/generations"),
+        ("POST", "/sdapi/v1/img2img", "/sdapi/v1/img2img"),
+        ("POST", "/v/responses", "/responses"),
+        ("POST", "/v/completions", "/completions"),
+        ("POST", "/v/messages", "/messages"),
+        ("POST", "/v/messages/count_tokens", "/messages/count_tokens"),
+        ("POST", "/v/embeddings", "/embeddings"),
+        ("POST", "/v/rerank", "/rerank"),
+        ("POST", "/v/reranking", "/reranking"),
         ("POST", "/v/chat/completions", "/chat/completions"),
         ("POST", "/audioapi/v1/tasks/run", "/v1/tasks/run"),
         ("POST", "/sdapi/v1/txt2img", "/sdapi/v1/txt2img"),
@@ -439,12 +536,14 @@ def test_other_model_routes(sides, method, path, reaches):
     assert mine["body"] == its["body"]
 
 
-def test_images_edits_by_the_form_field(sides):
+@pytest.mark.parametrize("path", ["/v1/images/edits", "/v1/audio/transcriptions"])
+def test_multipart_routes_by_the_form_field(sides, path):
     form = {"data": {"model": "m", "prompt": "a cat"}, "files": {"image": ("a.png", b"PNG")}}
-    ours, theirs = both(sides, "POST", "/v1/images/edits", **form)
+    ours, theirs = both(sides, "POST", path, **form)
     assert ours.status_code == theirs.status_code == 200
     mine, its = (_last(side, "m") for side in sides)
-    assert mine["path"] == its["path"] == "/v1/images/edits"
+    assert mine["path"] == its["path"] == path
+    assert mine["body"] == its["body"]
 
 
 def test_activity_and_stats_shapes(sides):

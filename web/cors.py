@@ -16,13 +16,21 @@ headers, and echoes the ``Origin`` on ``/v1/models``. Here:
   preflight (a public page reaching a loopback or LAN address asks
   ``Access-Control-Request-Private-Network``) is answered
   ``Access-Control-Allow-Private-Network: true``.
+* **``security.cors``'s other keys** (:class:`scheduler.config.Security`):
+  ``allowedMethods``, ``allowedHeaders`` and ``maxAge`` replace the preflight's methods,
+  headers (``["*"]`` says ``*``) and max age; ``exposedHeaders`` are added to the
+  responses' ``Access-Control-Expose-Headers``; ``allowCredentials`` adds
+  ``Access-Control-Allow-Credentials: true`` for an allowed origin (preflight and
+  responses), whose preflight then names the origin (never ``*``, which browsers refuse
+  with credentials).
 * **Responses** (:func:`response_origin`): a request from an allowed origin (listed, or
   any with ``"*"``) gets ``Access-Control-Allow-Origin: <origin>``, ``Vary: Origin`` and
   ``Access-Control-Expose-Headers`` (the request id, ``Retry-After``) on every API path,
   in place of whatever the model server sent, so a browser client can read the answer
   whether or not the model server speaks CORS.
 
-Pure: strings in, header lists out.
+Pure: strings in, header lists out (:func:`with_allowed_origin` reads the running
+server's ``security`` when not given it).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from scheduler.config import Security
-from web.access import origin_key
+from web.access import current_security, origin_key
 
 ALLOW_METHODS = b"GET, POST, PUT, PATCH, DELETE, OPTIONS"
 DEFAULT_ALLOW_HEADERS = b"Content-Type, Authorization, Accept, X-Requested-With"
@@ -39,7 +47,11 @@ MAX_AGE = b"86400"
 EXPOSE_HEADERS = b"X-LlamaSwap-Request-Id, Retry-After"
 """What a browser client may read beyond the safelisted headers: the request id (to look
 a request up) and ``Retry-After`` (a 429's or 503's)."""
-_REPLACED = (b"access-control-allow-origin", b"access-control-expose-headers")
+_REPLACED = (
+    b"access-control-allow-origin",
+    b"access-control-expose-headers",
+    b"access-control-allow-credentials",
+)
 _TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
@@ -66,17 +78,26 @@ def preflight_headers(
     """The headers of the ``204`` answering an ``OPTIONS`` (``private_network``: it asked
     ``Access-Control-Request-Private-Network``)."""
     headers: list[tuple[bytes, bytes]] = []
-    if origin is None or security.any_origin:
+    allowed = origin is not None and _allowed(origin, security)
+    if origin is None or security.any_origin and not security.allow_credentials:
         headers.append((b"access-control-allow-origin", b"*"))
-    elif _allowed(origin, security):
+    elif allowed:
+        assert origin is not None
         headers += [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
-    if private_network and origin is not None and _allowed(origin, security):
+        if security.allow_credentials:
+            headers.append((b"access-control-allow-credentials", b"true"))
+    if private_network and allowed:
         headers.append((b"access-control-allow-private-network", b"true"))
-    allow = _sanitized(requested_headers) if requested_headers else b""
+    if security.allowed_headers:
+        allow = ", ".join(security.allowed_headers).encode("latin-1")
+    else:
+        allow = _sanitized(requested_headers) if requested_headers else b""
+    methods = ", ".join(security.allowed_methods).encode("latin-1") or ALLOW_METHODS
+    max_age = MAX_AGE if security.max_age is None else str(security.max_age).encode()
     headers += [
-        (b"access-control-allow-methods", ALLOW_METHODS),
+        (b"access-control-allow-methods", methods),
         (b"access-control-allow-headers", allow or DEFAULT_ALLOW_HEADERS),
-        (b"access-control-max-age", MAX_AGE),
+        (b"access-control-max-age", max_age),
     ]
     return headers
 
@@ -93,14 +114,24 @@ def response_origin(scope: Mapping[str, Any], security: Security) -> bytes | Non
 
 
 def with_allowed_origin(
-    headers: Iterable[tuple[bytes, bytes]], origin: bytes
+    headers: Iterable[tuple[bytes, bytes]], origin: bytes, security: Security | None = None
 ) -> list[tuple[bytes, bytes]]:
     """A response's headers with ``Access-Control-Allow-Origin: origin`` (replacing the
-    model server's own: two would make the browser refuse the answer) and ``Vary``."""
+    model server's own: two would make the browser refuse the answer), ``Vary``, the
+    exposed headers (ours and ``security.cors.exposedHeaders``) and, with
+    ``allowCredentials``, ``Access-Control-Allow-Credentials``. ``security``: the running
+    server's when not given."""
+    if security is None:
+        security = current_security()
     kept = [(n, v) for n, v in headers if n.lower() not in _REPLACED]
-    return [
-        *kept,
+    expose = EXPOSE_HEADERS
+    if security.exposed_headers:
+        expose += b", " + ", ".join(security.exposed_headers).encode("latin-1")
+    added = [
         (b"access-control-allow-origin", origin),
-        (b"access-control-expose-headers", EXPOSE_HEADERS),
+        (b"access-control-expose-headers", expose),
         (b"vary", b"Origin"),
     ]
+    if security.allow_credentials:
+        added.append((b"access-control-allow-credentials", b"true"))
+    return [*kept, *added]

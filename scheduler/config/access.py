@@ -3,6 +3,7 @@ rules and scopes), ``security`` (browser origins, the 401 challenge) and ``limit
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +87,21 @@ class Security:
     """``security.basicAuthChallenge``: a 401 carries ``WWW-Authenticate: Basic`` (llama-swap
     sends it so its UI gets the browser's password prompt). Off by default: a browser that
     caches the credentials then sends them on every request, cross-site forms included."""
+    allow_credentials: bool = False
+    """``security.cors.allowCredentials``: an allowed origin's preflight and responses say
+    ``Access-Control-Allow-Credentials: true`` (its page may send cookies or a Basic login)."""
+    allowed_methods: tuple[str, ...] = ()
+    """``security.cors.allowedMethods``: the preflight's ``Access-Control-Allow-Methods``
+    (empty: llama-swap's list, web/cors.py)."""
+    allowed_headers: tuple[str, ...] = ()
+    """``security.cors.allowedHeaders``: the preflight's ``Access-Control-Allow-Headers``
+    (empty: the requested ones, as llama-swap)."""
+    exposed_headers: tuple[str, ...] = ()
+    """``security.cors.exposedHeaders``: added to ``Access-Control-Expose-Headers`` on an
+    allowed origin's responses."""
+    max_age: int | None = None
+    """``security.cors.maxAge``: the preflight's ``Access-Control-Max-Age`` in seconds
+    (None: llama-swap's 86400)."""
 
 
 def read_api_keys(value: Any) -> dict[str, ApiKey]:
@@ -212,10 +228,37 @@ def _priority_value(value: Any, path: str) -> int | None:
     return parsed
 
 
-_CORS_KEYS_LATER = frozenset(
-    {"allowCredentials", "allowedMethods", "allowedHeaders", "exposedHeaders", "maxAge"}
+_CORS_KEYS = frozenset(
+    {
+        "allowedOrigins",
+        "allowCredentials",
+        "allowedMethods",
+        "allowedHeaders",
+        "exposedHeaders",
+        "maxAge",
+    }
 )
-"""llama-swap's other ``security.cors`` keys: read (and warned about) but not applied yet."""
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""An HTTP token (RFC 9110): what a method or a header name is."""
+
+
+def _tokens(value: Any, key: str, star: bool = False) -> tuple[str, ...]:
+    """A list of HTTP tokens (methods, header names), each checked; ``star``: ``"*"``
+    allowed as the only entry."""
+    entries = read_string_list(value, key)
+    for i, entry in enumerate(entries):
+        if entry == "*":
+            if star and len(entries) == 1:
+                continue
+            raise ConfigError(
+                f"{key}[{i}]",
+                '"*" may only be the one entry' if star else '"*" is not allowed here',
+            )
+        if not _TOKEN.fullmatch(entry):
+            raise ConfigError(
+                f"{key}[{i}]", f"{entry!r} is not an HTTP token (letters, digits, -, _, ...)"
+            )
+    return tuple(entries)
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -227,11 +270,7 @@ def read_security(value: Any, warnings: list[str]) -> Security:
     security = read_mapping(value, "security")
     warn_unknown(security, "security", {"cors", "basicAuthChallenge"}, warnings)
     cors = read_mapping(security.get("cors"), "security.cors")
-    for name in cors:
-        if name in _CORS_KEYS_LATER:
-            warnings.append(f"security.cors.{name}: not supported yet; ignored")
-        elif name != "allowedOrigins":
-            warnings.append(f"security.cors.{name}: unknown key; ignored")
+    warn_unknown(cors, "security.cors", _CORS_KEYS, warnings)
     origins: set[str] = set()
     any_origin = False
     entries = read_string_list(cors.get("allowedOrigins"), "security.cors.allowedOrigins")
@@ -243,7 +282,28 @@ def read_security(value: Any, warnings: list[str]) -> Security:
     challenge = read_bool(
         or_default(security.get("basicAuthChallenge"), False), "security.basicAuthChallenge"
     )
-    return Security(frozenset(origins), any_origin, challenge)
+    credentials = read_bool(
+        or_default(cors.get("allowCredentials"), False), "security.cors.allowCredentials"
+    )
+    if credentials and any_origin:
+        raise ConfigError(
+            "security.cors.allowCredentials",
+            'true with allowedOrigins ["*"] would let every site use the browser\'s '
+            "credentials here: list the origins instead",
+        )
+    max_age = cors.get("maxAge")
+    return Security(
+        frozenset(origins),
+        any_origin,
+        challenge,
+        allow_credentials=credentials,
+        allowed_methods=_tokens(cors.get("allowedMethods"), "security.cors.allowedMethods"),
+        allowed_headers=_tokens(
+            cors.get("allowedHeaders"), "security.cors.allowedHeaders", star=True
+        ),
+        exposed_headers=_tokens(cors.get("exposedHeaders"), "security.cors.exposedHeaders"),
+        max_age=None if max_age is None else read_int(max_age, "security.cors.maxAge", 0),
+    )
 
 
 def _origin(text: str, key: str) -> str:

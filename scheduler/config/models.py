@@ -75,12 +75,12 @@ _MODEL_KEYS = frozenset(
         "capabilities",
         "slots",
         "sendLoadingState",
+        "compat",
     }
 )
 
 
 _IGNORED_MODEL_KEYS = {
-    "compat": "not supported",
     "healthCheckTimeout": "per-model value is not supported; the global one applies",
 }
 
@@ -187,6 +187,9 @@ class ModelConfig:
     """``sendLoadingState`` (the model's, else the global one): a streaming chat request
     that waits (in the queue or for its model's load) gets progress in
     ``reasoning_content`` (proxy/progress.py)."""
+    ignore_websockets: bool = False
+    """``compat.ignoreWebsockets``: a websocket to this model never loads it and takes no
+    turn; it is relayed only while the model is ready (proxy/wsproxy.py)."""
 
 
 def split_command(text: str) -> tuple[str, ...]:
@@ -363,7 +366,17 @@ def build_model(
             or_default(model.get("sendLoadingState"), defaults.send_loading_state),
             f"{key}.sendLoadingState",
         ),
+        ignore_websockets=_ignore_websockets(model.get("compat"), f"{key}.compat", warnings),
     )
+
+
+def _ignore_websockets(value: Any, key: str, warnings: list[str]) -> bool:
+    """``compat.ignoreWebsockets`` (llama-swap's only ``compat`` key)."""
+    compat = read_mapping(value, key)
+    for name in compat:
+        if name != "ignoreWebsockets":
+            warnings.append(f"{key}.{name}: unknown compat key; ignored")
+    return read_bool(or_default(compat.get("ignoreWebsockets"), False), f"{key}.ignoreWebsockets")
 
 
 _UNSAFE_IN_URL = re.compile(r"[\x00-\x20\x7f-\x9f\s]")
