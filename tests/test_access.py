@@ -73,6 +73,8 @@ RULES: dict[str, tuple[str, tuple[str, str, bytes]]] = {
     "api/metrics/stats": (API_KEY, ("GET", "/api/metrics/stats", b"")),
     "api/captures/<str:capture_id>": (API_KEY, ("GET", "/api/captures/no-such", b"")),
     "api/version": (API_KEY, ("GET", "/api/version", b"")),
+    "api/hardware": (API_KEY, ("GET", "/api/hardware", b"")),
+    "api/performance": (API_KEY, ("GET", "/api/performance", b"")),
     "api/events": (API_KEY, ("HEAD", "/api/events", b"")),
     "api/inflight/<str:request_id>/cancel": (
         API_KEY,
@@ -93,6 +95,10 @@ RULES: dict[str, tuple[str, tuple[str, str, bytes]]] = {
     # A GET: 405 for everyone (the page posts, with the CSRF token, as staff).
     "queue/<str:request_id>/cancel": (EXEMPT, ("GET", "/queue/no-such/cancel", b"")),
     "favicon.ico": (EXEMPT, ("GET", "/favicon.ico", b"")),
+    # llama-swap's web UI addresses: redirects to the dashboard's pages (which ask for the
+    # login), open as in llama-swap.
+    "upstream": (EXEMPT, ("GET", "/upstream", b"")),
+    "^ui(?:/(?P<page>.*))?$": (EXEMPT, ("GET", "/ui/models", b"")),
     "admin/": (ADMIN, ("GET", "/admin/", b"")),
     # The control records' old admin addresses: a redirect for anyone (the admin behind
     # it asks for the staff login).

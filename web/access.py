@@ -115,9 +115,10 @@ def origin_key(origin: str) -> str | None:
 
 # -- before any handler: the Host header, the cross-site rule, API keys -------------------
 
-EXEMPT = frozenset({"/health", "/wol-health", "/favicon.ico"})
-"""Paths open even when API keys are required (health checks, browsers' icon requests)."""
-KEY_EXACT = (PROXY_EXACT - EXEMPT) | {"/v1", "/api", "/upstream"}
+EXEMPT = frozenset({"/health", "/wol-health", "/favicon.ico", "/upstream"})
+"""Paths open even when API keys are required (health checks, browsers' icon requests,
+``GET /upstream``: only a redirect to the models page, open in llama-swap too)."""
+KEY_EXACT = (PROXY_EXACT - EXEMPT) | {"/v1", "/api"}
 KEY_PREFIXES = (*PROXY_PREFIXES, "/v1/", "/api/", "/upstream/", "/logs/")
 """With keys configured, these need one: the proxy's endpoints and the JSON API
 (``/api/metrics/activity``, ``/api/requests/...``), and anything else under the API
@@ -130,7 +131,6 @@ PATH_SCOPES: dict[str, Scope] = {
     **{path: Scope.INFERENCE for path in PROXY_EXACT},
     "/v1": Scope.INFERENCE,
     "/api": Scope.INFERENCE,
-    "/upstream": Scope.INFERENCE,
     "/api/profiles": Scope.INFERENCE,  # reading which pins apply, as /v1/models shows them
     "/unload": Scope.MODELS,
     "/api/models/unload": Scope.MODELS,
