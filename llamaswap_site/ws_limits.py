@@ -5,9 +5,15 @@ daphne puts every incoming frame into the application's unbounded asyncio queue
 (``WebSocketProtocol.onMessage``), and whatever the application sends is written into
 Twisted's buffer, which grows without limit while the client does not read. Both are
 bounded here, per connection, by switching daphne's websocket protocol class for a
-subclass (:func:`install_websocket_limits`). The only websocket is the dashboard's, whose
-every message is a whole state (a snapshot or an update): a newer one supersedes an
-older one, so a send may be replaced while the previous one has not drained.
+subclass (:func:`install_websocket_limits`). Two kinds of socket:
+
+* the dashboard's, whose every message is a whole state (a snapshot or an update): a newer
+  one supersedes an older one, so a send may be replaced while the previous one has not
+  drained, and a client sending more than a few messages a second is flooding;
+* a model's, relayed on ``/upstream/{model}/...`` (``proxy.wsproxy``): every frame is the
+  model's data, so none is ever replaced; a lagging reader's frames wait, in order, up to
+  :attr:`WebsocketLimits.relay_backlog_bytes`, past which (or past the stall timeout) the
+  connection is dropped; its inbound budget is :meth:`WebsocketLimits.for_relay`'s.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import os
 import struct
 import termios
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import Any
 
 log = logging.getLogger("llamaswap.serve")
@@ -60,6 +67,20 @@ class WebsocketLimits:
     stall_timeout: float = 30.0
     """Seconds the backlog may stay above ``send_backlog_bytes`` before the connection is
     dropped (the client reads nothing, or too little to be served)."""
+    relay_backlog_bytes: int = 16 * 1024 * 1024
+    """A relayed socket: bytes of the model's frames held for a lagging reader, past which
+    the connection is dropped (a frame is never replaced there)."""
+
+    def for_relay(self) -> WebsocketLimits:
+        """The inbound budget of a relayed socket: a client streaming to a model (audio,
+        a UI's events) sends far more than the dashboard's refreshes; still bounded."""
+        return replace(
+            self,
+            messages_per_second=max(self.messages_per_second, 1000.0),
+            burst_messages=max(self.burst_messages, 2000),
+            bytes_per_second=max(self.bytes_per_second, 8 * 1024 * 1024.0),
+            burst_bytes=max(self.burst_bytes, 16 * 1024 * 1024),
+        )
 
     @classmethod
     def from_env(cls) -> WebsocketLimits:
@@ -83,7 +104,10 @@ class WebsocketLimits:
 
 
 _WS_LIMITS: list[WebsocketLimits] = []
-"""The websocket limits in force (one element once :func:`install_websocket_limits` ran)."""
+"""The websocket limits in force (once :func:`install_websocket_limits` ran: the dashboard's,
+then a relayed socket's)."""
+RELAY_PATH = b"/upstream/"
+"""Sockets under this path are a model's, relayed (``proxy.wsproxy``)."""
 WS_FLUSH_INTERVAL = 0.05
 """How often a connection holding a replaced send looks whether its backlog drained."""
 
@@ -94,7 +118,8 @@ def install_websocket_limits(limits: WebsocketLimits | None = None) -> bool:
     (the server runs unbounded, as before). Idempotent."""
     from daphne.ws_protocol import WebSocketFactory
 
-    _WS_LIMITS[:] = [limits or WebsocketLimits.from_env()]
+    chosen = limits or WebsocketLimits.from_env()
+    _WS_LIMITS[:] = [chosen, chosen.for_relay()]
     current = WebSocketFactory.protocol
     if getattr(current, "_llamaswap", False):
         return True
@@ -149,6 +174,17 @@ class _WebsocketGuard:
     _ws_replaced = 0
     _ws_flush: Any = None
     _ws_stalled_since: float | None = None
+    _ws_queue: deque[dict[str, Any]] | None = None
+    """A relayed socket's frames waiting for a lagging reader, in order."""
+    _ws_queued_bytes = 0
+    _ws_sized = False
+
+    def _ws_relayed(self) -> bool:
+        """A model's socket (its path is known once the handshake arrived)."""
+        return bytes(getattr(self, "path", b"") or b"").startswith(RELAY_PATH)
+
+    def _ws_limits(self) -> WebsocketLimits:
+        return _WS_LIMITS[1] if self._ws_relayed() else _WS_LIMITS[0]
 
     def connectionMade(self) -> None:
         super().connectionMade()  # type: ignore[misc]
@@ -165,7 +201,12 @@ class _WebsocketGuard:
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         if self._ws_flooded:
             return  # closing: what was already on the wire is dropped
-        limits = _WS_LIMITS[0]
+        limits = self._ws_limits()
+        if not self._ws_sized and self._ws_relayed():
+            # The path arrives after connectionMade filled the dashboard's buckets.
+            self._ws_messages = float(limits.burst_messages)
+            self._ws_bytes = float(limits.burst_bytes)
+        self._ws_sized = True
         now = time.monotonic()
         elapsed = now - self._ws_refilled
         self._ws_refilled = now
@@ -195,12 +236,18 @@ class _WebsocketGuard:
 
     def handle_reply(self, message: dict[str, Any]) -> None:
         if message.get("type") != "websocket.send":
+            if self._ws_queue is not None and message.get("type") == "websocket.close":
+                self._ws_queue.append(message)  # after the model's frames still waiting
+                return
             super().handle_reply(message)  # type: ignore[misc]
             return
         state = self.state  # type: ignore[attr-defined]
         if state in (self.STATE_CLOSING, self.STATE_CLOSED):  # type: ignore[attr-defined]
             # Closing (a flood, a drop): autobahn would raise into the application for a
             # message nobody will read; the disconnect reaches it next.
+            return
+        if state == self.STATE_OPEN and self._ws_relayed():  # type: ignore[attr-defined]
+            self._ws_relay_send(message)
             return
         if state == self.STATE_OPEN and (self._ws_pending is not None or self._ws_lagging()):  # type: ignore[attr-defined]
             # The previous sends have not drained: keep only the newest state.
@@ -211,6 +258,30 @@ class _WebsocketGuard:
                 self._ws_flush = _reactor().callLater(WS_FLUSH_INTERVAL, self._ws_try_flush)
             return
         super().handle_reply(message)  # type: ignore[misc]
+
+    def _ws_relay_send(self, message: dict[str, Any]) -> None:
+        """A model's frame: sent now, or queued behind the ones a lagging reader has not
+        taken (never replaced); over :attr:`WebsocketLimits.relay_backlog_bytes` queued,
+        the connection is dropped."""
+        if self._ws_queue is None and not self._ws_lagging():
+            super().handle_reply(message)  # type: ignore[misc]
+            return
+        if self._ws_queue is None:
+            self._ws_queue = deque()
+        self._ws_queue.append(message)
+        self._ws_queued_bytes += len(message.get("bytes") or message.get("text") or "")
+        limit = _WS_LIMITS[1].relay_backlog_bytes
+        if self._ws_queued_bytes > limit:
+            self._ws_log(
+                f"websocket client not reading: over {limit} bytes of relayed frames "
+                "waiting: dropped",
+                queued=len(self._ws_queue),
+            )
+            self._ws_queue = None
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+            return
+        if self._ws_flush is None:
+            self._ws_flush = _reactor().callLater(WS_FLUSH_INTERVAL, self._ws_try_flush)
 
     def _ws_lagging(self) -> bool:
         """Is the backlog over the mark? Starts (or ends) the stall clock."""
@@ -223,6 +294,9 @@ class _WebsocketGuard:
 
     def _ws_try_flush(self) -> None:
         self._ws_flush = None
+        if self._ws_queue is not None:
+            self._ws_flush_relayed()
+            return
         if self._ws_pending is None or self.state != self.STATE_OPEN:  # type: ignore[attr-defined]
             self._ws_pending = None
             return
@@ -233,10 +307,26 @@ class _WebsocketGuard:
         message, self._ws_pending = self._ws_pending, None
         super().handle_reply(message)  # type: ignore[misc]
 
+    def _ws_flush_relayed(self) -> None:
+        """Send the queued frames, oldest first, while the reader keeps up."""
+        queue = self._ws_queue
+        if queue is None or self.state != self.STATE_OPEN:  # type: ignore[attr-defined]
+            self._ws_queue = None
+            return
+        while queue and not self._ws_lagging():
+            message = queue.popleft()
+            self._ws_queued_bytes -= len(message.get("bytes") or message.get("text") or "")
+            super().handle_reply(message)  # type: ignore[misc]
+        if not queue:
+            self._ws_queue = None
+            self._ws_queued_bytes = 0
+        elif not self._ws_stalled():
+            self._ws_flush = _reactor().callLater(WS_FLUSH_INTERVAL, self._ws_try_flush)
+
     def _ws_stalled(self) -> bool:
         """Drop the connection when its backlog stayed over the mark too long."""
         since = self._ws_stalled_since
-        limits = _WS_LIMITS[0]
+        limits = self._ws_limits()
         if since is None or time.monotonic() - since < limits.stall_timeout:
             return False
         self._ws_log(
@@ -245,6 +335,7 @@ class _WebsocketGuard:
             replaced=self._ws_replaced,
         )
         self._ws_pending = None
+        self._ws_queue = None
         self.transport.abortConnection()  # type: ignore[attr-defined]
         return True
 
@@ -260,6 +351,7 @@ class _WebsocketGuard:
             self._ws_flush.cancel()
         self._ws_flush = None
         self._ws_pending = None
+        self._ws_queue = None
         super().connectionLost(reason)  # type: ignore[misc]
 
     def _ws_log(self, why: str, **extra: Any) -> None:

@@ -91,6 +91,22 @@ def test_a_websocket_loads_its_model_then_relays_text_and_binary_both_ways(serve
         assert ws.recv(timeout=5) == b"\x00\xffbinary"
 
 
+def test_a_relay_loses_no_frame_to_a_slow_reader_or_a_fast_sender(server):
+    # The dashboard's socket keeps only the newest state when its reader lags and closes a
+    # sender of more than 10 messages a second; a relayed socket's frames are the model's
+    # data: every one arrives, in order.
+    with connect(ws_url(server, "/upstream/other/ws"), open_timeout=30) as ws:
+        hello(ws)
+        for i in range(300):
+            ws.send(f"m{i}")
+        assert [ws.recv(timeout=10) for _ in range(300)] == [f"m{i}" for i in range(300)]
+        ws.send("burst:400:16384")  # 6.5 MB, past the kernel's and Twisted's buffers
+        time.sleep(1)  # a reader that lags behind on purpose
+        got = [ws.recv(timeout=10) for _ in range(400)]
+        assert [int.from_bytes(m[:4], "big") for m in got] == list(range(400))
+        assert all(len(m) == 16384 for m in got)
+
+
 def test_ids_with_a_slash_work_as_over_http(server):
     with connect(ws_url(server, "/upstream/org/comfy/socket"), open_timeout=30) as ws:
         assert hello(ws)["path"] == "/socket"

@@ -4,7 +4,9 @@
 * first sends ``{"hello": {path, subprotocol, headers}}`` (what the handshake carried);
 * echoes every text or binary message as it came;
 * on ``close:CODE:REASON`` closes with that code and reason;
-* on ``big:N`` sends N bytes in one binary message.
+* on ``big:N`` sends N bytes in one binary message;
+* on ``burst:N:SIZE`` sends N binary messages of SIZE bytes at once, each starting with its
+  index (4 bytes, big-endian).
 
 ``GET /last-close`` answers the close code (and reason) the last client closed with.
 """
@@ -51,6 +53,11 @@ async def session(ws: ServerConnection) -> None:
                 return
             if isinstance(message, str) and message.startswith("big:"):
                 await ws.send(b"x" * int(message[4:]))
+                continue
+            if isinstance(message, str) and message.startswith("burst:"):
+                _, count, size = message.split(":")
+                for index in range(int(count)):
+                    await ws.send(index.to_bytes(4, "big") + b"x" * (int(size) - 4))
                 continue
             await ws.send(message)
     finally:
