@@ -10,14 +10,28 @@ answer after the fact, and the reorder columns make ``agingDivisor`` and
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from scheduler.dispatcher import Outcome
 
-# How the request's turn ended: the dispatcher's Outcome, as database choices (one list).
-RecordOutcome = models.TextChoices(
-    "RecordOutcome", [(outcome.name, outcome.value) for outcome in Outcome]
-)
+
+class RecordOutcome(models.TextChoices):
+    """How the request's turn ended: the dispatcher's Outcome, as database choices. Spelled
+    out (the class form types under django-stubs, the functional one does not) and held to
+    ``Outcome`` member for member just below, so the two cannot drift apart."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED_WAITING = "cancelled_waiting"
+    CANCELLED_RUNNING = "cancelled_running"
+    REJECTED = "rejected"
+    QUEUE_FULL = "queue_full"
+    EXPIRED = "expired"
+
+
+if [(c.name, c.value) for c in RecordOutcome] != [(o.name, o.value) for o in Outcome]:
+    raise ImportError("activity.models.RecordOutcome must list scheduler's Outcome exactly")
 
 _WORDS = {
     "cancelled_waiting": "cancelled while waiting",
@@ -30,6 +44,13 @@ OUTCOME_WORDS: dict[str, str] = {
 }
 """Each outcome in words, for people (the history page, its filter, the API's
 ``outcome_text``); the code stays the stored and filtered value."""
+
+
+def this_node() -> str:
+    """The name of the node that writes a record: ``--node`` / ``LLAMASWAP_NODE`` (fleet
+    mode, fleet/), "" on a single box. One value per server, so it needs no place in the
+    journal's snapshot: the row takes it when it is written."""
+    return str(getattr(settings, "LLAMASWAP_NODE", "") or "")[:64]
 
 
 def outcome_words(code: str) -> str:
@@ -50,6 +71,9 @@ class RequestRecord(models.Model):
     peer = models.CharField(max_length=255, blank=True, default="")
     """The peer (``peers.<id>``) it was forwarded to; empty for a local model. A peer
     request takes no local turn: it is never queued or dispatched here."""
+    node = models.CharField(max_length=64, blank=True, default=this_node)
+    """The fleet node the client sent it to (it ran there, or on ``peer`` when placed on
+    another node); empty on a single box."""
     path = models.CharField(max_length=255)
     priority = models.BigIntegerField()
     """The caller's priority (header value; signed 64-bit)."""
@@ -119,6 +143,7 @@ class RequestRecord(models.Model):
             models.Index(fields=("band", "arrived_at"), name="record_band_arrived"),
             models.Index(fields=("outcome", "arrived_at"), name="record_outcome_arrived"),
             models.Index(fields=("lane", "arrived_at"), name="record_lane_arrived"),
+            models.Index(fields=("node", "arrived_at"), name="record_node_arrived"),
         )
 
     def __str__(self) -> str:

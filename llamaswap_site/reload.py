@@ -75,20 +75,25 @@ class Reloader:
                 new = await asyncio.to_thread(load_sources, self.config, self.config_dir)
                 new, source = await asyncio.to_thread(_with_stored_settings, new)
             except ConfigError as error:
-                return self._refused(reason, f"{error}")
+                self._refused(reason, f"{error}")
+                return None
             except Exception as error:  # load_sources raises ConfigError only; the database may not
                 log.debug("config reload failed", exc_info=True)
-                return self._refused(reason, f"{self.status.source}: {type(error).__name__}: {error}")
+                self._refused(reason, f"{self.status.source}: {type(error).__name__}: {error}")
+                return None
             rt = runtime.current()
             try:
                 report = await rt.dispatcher.reload(new, source)
             except Exception as error:
                 log.debug("config reload failed in the dispatcher", exc_info=True)
-                return self._refused(reason, f"{self.status.source}: {type(error).__name__}: {error}")
+                self._refused(reason, f"{self.status.source}: {type(error).__name__}: {error}")
+                return None
             rt.config = new  # views resolve names with it from now on
             rt.keys.set_config_keys(new.api_keys)
             if rt.profile and rt.profile not in new.profiles:  # kept while it exists
-                log.warning("the active profile %r is gone from the config; none is active", rt.profile)
+                log.warning(
+                    "the active profile %r is gone from the config; none is active", rt.profile
+                )
                 rt.profile = ""
             self.status = ConfigStatus(
                 source=self.status.source,
@@ -99,7 +104,10 @@ class Reloader:
                 log.warning("config: %s", warning)
             log.info(
                 "config reload applied",
-                extra={"reason": reason, **{k: list(v) for k, v in dataclasses.asdict(report).items()}},
+                extra={
+                    "reason": reason,
+                    **{k: list(v) for k, v in dataclasses.asdict(report).items()},
+                },
             )
             apply_log_config(new, rt.dispatcher.logs)  # after the line above: in the old format
             return report

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import TYPE_CHECKING, Any
 
 from django import template
 from django.utils.html import conditional_escape, format_html, format_html_join
@@ -16,11 +17,18 @@ from django.utils.safestring import SafeString, mark_safe
 
 from control.html import timetag
 
+if TYPE_CHECKING:
+    from activity.models import RequestRecord
+
 register = template.Library()
+
+Number = float | str | None
+"""What a number filter gets from a template: the number, None, or "" (a missing value);
+the last two are shown as "–"."""
 
 
 @register.filter
-def secs(value: float | None) -> str:
+def secs(value: Number) -> str:
     """12.3 s, 4m 05s, 1h 02m."""
     if value is None or value == "":
         return "–"
@@ -35,7 +43,7 @@ def secs(value: float | None) -> str:
 
 
 @register.filter
-def clock(value: float | None) -> str:
+def clock(value: Number) -> str:
     """Unix seconds as HH:MM:SS (UTC)."""
     if value is None or value == "":
         return "–"
@@ -62,7 +70,7 @@ def local_stamps(text: str) -> SafeString:
 
 
 @register.filter
-def num(value: float | None, digits: int = 2) -> str:
+def num(value: Number, digits: int = 2) -> str:
     """A score or term: at most ``digits`` decimals, trailing zeros dropped."""
     if value is None or value == "":
         return "–"
@@ -91,7 +99,7 @@ def short_id(value: str) -> str:
 
 
 @register.filter
-def plain_number(value: float | int | None) -> str:
+def plain_number(value: Number) -> str:
     """A setting as typed: 60, not 60.0; 0.5 stays 0.5."""
     if value is None or value == "":
         return "–"
@@ -104,13 +112,14 @@ UNCONTESTED_TITLE = "no other request was waiting when it was picked: no runner-
 
 
 @register.filter
-def pick_reason(row) -> SafeString | str:
+def pick_reason(row: RequestRecord | dict[str, Any]) -> SafeString | str:
     """What changed the pick: the terms that reordered it; "uncontested" when no other
     request was waiting (the decision has no runner-up); else priority and arrival order.
 
     ``row``: an activity-log record (``runner_up_id`` empty when none, ``dispatched_at``
     None when never picked) or a live decision (a dict, ``runner_up_id`` None when none).
     """
+    picked: bool | dt.datetime | None
     if isinstance(row, dict):
         terms, runner_up, picked = row.get("reordered_by") or [], row.get("runner_up_id"), True
     else:

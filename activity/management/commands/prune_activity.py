@@ -6,8 +6,10 @@ instance from cron when the server is stopped, or with other limits.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from activity.rows import prune
 
@@ -15,7 +17,7 @@ from activity.rows import prune
 class Command(BaseCommand):
     help = "Delete activity-log rows older than the retention days or beyond the retention rows."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--days",
             type=int,
@@ -29,7 +31,7 @@ class Command(BaseCommand):
             help="keep this many newest rows (default ACTIVITY_RETENTION_ROWS; 0 keeps all)",
         )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         days = options["days"] if options["days"] is not None else settings.ACTIVITY_RETENTION_DAYS
         rows = options["rows"] if options["rows"] is not None else settings.ACTIVITY_RETENTION_ROWS
         deleted = prune(days, rows)

@@ -17,8 +17,10 @@ account exists).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
@@ -30,7 +32,7 @@ class Command(BaseCommand):
         "Create or update the admin account from LLAMASWAP_ADMIN_USER / LLAMASWAP_ADMIN_PASSWORD."
     )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         try:
             self.report()
         except DatabaseError as exc:  # before the first `llamaswap migrate`
@@ -68,9 +70,10 @@ class Command(BaseCommand):
         )
 
 
-def ensure_admin(username: str, password: str):
+def ensure_admin(username: str, password: str) -> tuple[AbstractBaseUser, bool]:
     User = get_user_model()
-    user, created = User.objects.get_or_create(**{User.USERNAME_FIELD: username})
+    lookup: dict[str, Any] = {User.USERNAME_FIELD: username}
+    user, created = User.objects.get_or_create(**lookup)
     user.is_staff = True
     user.is_superuser = True
     user.set_password(password)

@@ -15,9 +15,14 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+if TYPE_CHECKING:
+    from scheduler.dispatcher import Dispatcher
 
 log = logging.getLogger("llamaswap.serve")
 
@@ -116,7 +121,7 @@ def endpoint(host: str, port: int, tls: tuple[str, str] | None) -> str:
 class Command(BaseCommand):
     help = "Serve llamaswap (proxy, dashboard, metrics) with daphne."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--config", default="", help="llama-swap config.yaml (or LLAMASWAP_CONFIG)")
         parser.add_argument(
             "--config-dir",
@@ -144,7 +149,7 @@ class Command(BaseCommand):
             help="this server's name in a fleet (or LLAMASWAP_NODE); with REDIS_URL: fleet mode (docs/fleet.md)",
         )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         # daphne.server installs the asyncio Twisted reactor: import it first.
         import daphne.server
         from daphne.server import Server
@@ -231,10 +236,10 @@ class Command(BaseCommand):
         from llamaswap_site.asgi import application
 
         loop = daphne.server.twisted_loop
-        ports = []
+        ports: list[Any] = []
 
-        class LlamaswapServer(Server):
-            def listen_success(self, port_obj):
+        class LlamaswapServer(Server):  # type: ignore[misc]  # daphne has no types
+            def listen_success(self, port_obj: Any) -> None:
                 ports.append(port_obj)
                 super().listen_success(port_obj)
 
@@ -254,8 +259,6 @@ class Command(BaseCommand):
         stopping = False
 
         async def shutdown() -> None:
-            from twisted.internet import reactor
-
             log.info("shutting down", extra={"grace": options["grace"]})
             for task in list(background):  # --watch-config, a reload in progress
                 task.cancel()
@@ -272,8 +275,7 @@ class Command(BaseCommand):
                         await stopper()
             finally:
                 runtime.install(None)
-                if reactor.running:
-                    reactor.stop()
+                _stop_reactor()
 
         def on_signal(signum: int) -> None:
             nonlocal stopping
@@ -283,24 +285,27 @@ class Command(BaseCommand):
             stopping = True
             loop.create_task(shutdown())
 
-        background: set[asyncio.Task] = set()
+        background: set[asyncio.Task[Any]] = set()
 
-        def spawn(coro) -> None:
+        def spawn(coro: Coroutine[Any, Any, Any]) -> None:
             task = loop.create_task(coro)
             background.add(task)
             task.add_done_callback(settled)
 
-        def settled(task: asyncio.Task) -> None:
+        def settled(task: asyncio.Task[Any]) -> None:
             # Logged here, not lost as "Task exception was never retrieved" at exit.
             background.discard(task)
             if not task.cancelled() and task.exception() is not None:
                 log.error("background task %s failed", task.get_name(), exc_info=task.exception())
 
+        def on_hangup() -> None:  # SIGHUP: reload the config in place (llama-swap's signal for it)
+            if not stopping:
+                spawn(reloader.reload("SIGHUP"))
+
         def ready() -> None:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, on_signal, signum)
-            # SIGHUP: reload the config in place (llama-swap's signal for it).
-            loop.add_signal_handler(signal.SIGHUP, lambda: stopping or spawn(reloader.reload("SIGHUP")))
+            loop.add_signal_handler(signal.SIGHUP, on_hangup)
             if options["watch_config"]:
                 spawn(reloader.watch())
             loop.create_task(dispatcher.start())
@@ -331,15 +336,20 @@ class Command(BaseCommand):
         sys.stdout.flush()
 
 
-async def _hard_stop(dispatcher) -> None:
+async def _hard_stop(dispatcher: Dispatcher) -> None:
+    await dispatcher.stop(grace=0)
+    _stop_reactor()
+
+
+def _stop_reactor() -> None:
     from twisted.internet import reactor
 
-    await dispatcher.stop(grace=0)
-    if reactor.running:
-        reactor.stop()
+    core: Any = reactor  # its zope interfaces read as unbound methods to mypy
+    if core.running:
+        core.stop()
 
 
-def _access_log(protocol: str, action: str, details: dict) -> None:
+def _access_log(protocol: str, action: str, details: dict[str, Any]) -> None:
     if protocol == "http" and action == "complete":
         log.info(
             "%s %s %s %s",

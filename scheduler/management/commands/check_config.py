@@ -13,6 +13,8 @@ usable config (models, scheduler, warnings).
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core import checks
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -36,9 +38,11 @@ class Command(BaseCommand):
             "--config-dir", default="", help="fragments merged into it, as `serve --config-dir`"
         )
 
-    def handle(self, *args, **options) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         config_dir = options["config_dir"]
-        path = options["config"] or ("" if config_dir else getattr(settings, "LLAMASWAP_CONFIG", ""))
+        path = options["config"] or (
+            "" if config_dir else getattr(settings, "LLAMASWAP_CONFIG", "")
+        )
         if not path and not config_dir:
             raise CommandError("no config: give the file (llamaswap check config.yaml)")
         config, messages = inspect_config(path, config_dir=config_dir)
