@@ -17,7 +17,8 @@ Timeouts are the peer's ``timeouts`` (llama-swap's peer defaults: ``responseHead
 issued by ``runtime.unqueued`` (granted at once, on no lane: ``scheduler.tickets.Unqueued``)
 instead of the dispatcher's queue, closed by the lean handler whatever happens, its answer
 relayed by the relay's own code (``proxy.relay.relay_answer``), its end told once to the
-dispatcher's observers (a ``RequestRecord`` with ``peer`` set and ``policy`` ``peer``).
+dispatcher's observers (a ``RequestRecord`` with ``peer`` set and ``policy`` ``peer``),
+cancelled by ``POST /api/inflight/{id}/cancel`` as a local one is (``web/cancel.py``).
 """
 
 from __future__ import annotations
@@ -33,13 +34,15 @@ from proxy.relay import PRIORITY_META, WRITE_TIMEOUT, relay_answer
 from proxy.turn import Turn
 from proxy.upstream import forward_headers
 from scheduler import runtime
-from scheduler.config import ModelConfig
+from scheduler.config import ModelConfig, Peer
 from scheduler.core.priority import HEADER, parse_priority
 from scheduler.dispatcher import Outcome
 from scheduler.keys import ApiKey
 from scheduler.names import PeerModel, Route
+from web import cancel
 from web.errors import error_response
 from web.paths import upstream_path
+from web.runtime import runtime_of
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -73,7 +76,6 @@ async def forward(
     """Send the request to the peer and relay its answer (JSON or SSE) as it comes."""
     assert target.peer is not None
     peer = target.peer.peer
-    timeouts = peer.timeouts
     query = request.META.get("QUERY_STRING", "")
     try:
         path = upstream_path(request.path)  # /v/... without its prefix, as llama-swap
@@ -90,7 +92,7 @@ async def forward(
     else:
         priority, requested = key.policy.grant(header)
         key_name = key.name
-    rt = runtime.current()
+    rt = runtime_of(request)
     drop = {_PRIORITY}
     if peer.api_key or rt.keys.enabled:
         drop |= _CREDENTIALS
@@ -111,10 +113,31 @@ async def forward(
     )
     turn.ticket.extra.update(extra, peer=peer.id)
     request.turn = turn  # type: ignore[attr-defined]  # the handler closes it, whatever happens
+    cancel.track(turn.ticket)  # POST /api/inflight/{id}/cancel, as for a local request
+    try:
+        client = rt.upstreams.client()
+        return await _exchange(client, turn, peer, url, request.method or "POST", headers, body)
+    except asyncio.CancelledError:
+        answer = cancel.cancelled_answer(turn.ticket, rt.unqueued.cancel)
+        if answer is None:
+            raise  # the client left: the handler ends the turn
+        return answer
 
-    client = rt.upstreams.client()
+
+async def _exchange(
+    client: httpx.AsyncClient,
+    turn: Turn,
+    peer: Peer,
+    url: httpx.URL,
+    method: str,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+) -> HttpResponseBase:
+    """The request sent to ``peer`` and its answer relayed (or the error that stood in)."""
+    timeouts = peer.timeouts
+    request_id = turn.ticket.request_id
     outgoing = client.build_request(
-        request.method or "POST",
+        method,
         url,
         headers=headers,
         content=body,

@@ -1,7 +1,7 @@
 from django.urls import path, re_path
 
 from activity.metrics import metrics_view
-from proxy import events, logstream, uiapi, views
+from proxy import comfyui, events, logstream, uiapi, views
 from web.errors import allow_methods
 from web.paths import INFERENCE_PATHS
 
@@ -21,6 +21,9 @@ urlpatterns = [path(p, views.inference) for p in INFERENCE_PATHS] + [
     path("api/hardware", read(uiapi.hardware_snapshot)),
     path("api/performance", read(uiapi.performance)),
     path("upstream", read(uiapi.upstream_index)),  # llama-swap's: to its models page
+    # llama-swap's ComfyUI passthrough (model comfyui_auto): every method, as /upstream.
+    path("comfyui", comfyui.comfyui_redirect),
+    re_path(r"^comfyui/(?P<path>.*)$", comfyui.comfyui_passthrough),
     re_path(r"^ui(?:/(?P<page>.*))?$", read(uiapi.ui_redirect)),  # its web UI's addresses
     path("api/events", read(events.events)),  # SSE, llama-swap's web UI
     path("api/inflight/<str:request_id>/cancel", allow_methods("POST")(uiapi.cancel_inflight)),

@@ -8,7 +8,8 @@ library's client.
 
 1. The model is found in the path as ``/upstream/`` finds it over HTTP
    (:func:`proxy.passthrough.find`: ids with ``/``, aliases, the active profile's pins;
-   ``upstream.allowPaths`` and ``upstream.ignorePaths`` apply).
+   ``upstream.allowPaths`` and ``upstream.ignorePaths`` apply). ``/comfyui/...`` reaches
+   the model ``comfyui_auto`` only while it is ready (:func:`proxy.passthrough.comfyui_socket`).
 2. Without ``compat.ignoreWebsockets`` the socket takes a turn, as an HTTP request does:
    it waits in line, loads the model (swapping others out) and is recorded. The turn ends
    once the model has accepted the websocket (outcome completed, status 101): a session
@@ -46,12 +47,13 @@ from proxy import passthrough, routing
 from proxy.turn import Turn
 from proxy.upstream import forward_headers
 from proxy.views import new_request_id
-from scheduler import runtime
 from scheduler.config import ModelConfig
 from scheduler.core.priority import HEADER, parse_priority
 from scheduler.dispatcher import Outcome, Refused
 from scheduler.keys import ApiKey
 from scheduler.process import ModelStartError, ModelState
+from scheduler.runtime import Runtime
+from web.runtime import scope_runtime
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -109,8 +111,8 @@ _relays = 0
 
 
 def wanted(scope: Scope) -> bool:
-    """Is this websocket one for a model (``/upstream/...``)?"""
-    return str(scope.get("path", "")).startswith(PREFIX)
+    """Is this websocket one for a model (``/upstream/...``, ``/comfyui/...``)?"""
+    return str(scope.get("path", "")).startswith((PREFIX, passthrough.COMFYUI + "/"))
 
 
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -134,9 +136,10 @@ async def _deny(send: Send, scope: Scope, why: str) -> None:
     log.info("websocket refused: %s", why, extra={"path": str(scope.get("path", ""))[:200]})
 
 
-def _target(scope: Scope) -> tuple[ModelConfig, str, str] | str:
+def _target(rt: Runtime, scope: Scope) -> tuple[ModelConfig, str, str] | str:
     """``(model, path for the model as sent, requested name)``, or why there is none."""
-    rt = runtime.current()
+    if not str(scope["path"]).startswith(PREFIX):  # /comfyui/...: only while it is ready
+        return passthrough.comfyui_socket(rt, scope)
     rest = str(scope["path"])[len(PREFIX) :]
     found = passthrough.find(rt, rest)
     if found is None:
@@ -157,13 +160,17 @@ def _target(scope: Scope) -> tuple[ModelConfig, str, str] | str:
 
 
 async def _serve(scope: Scope, receive: Receive, send: Send) -> None:
-    found = _target(scope)
+    rt = scope_runtime(scope)
+    if rt is None:
+        await _deny(send, scope, "no llamaswap server serves this connection")
+        return
+    found = _target(rt, scope)
     if isinstance(found, str):
         await _deny(send, scope, found)
         return
     model, path, name = found
     request_id = new_request_id()
-    turn = None if model.ignore_websockets else _take_turn(scope, model, request_id, path, name)
+    turn = None if model.ignore_websockets else _take_turn(rt, scope, model, request_id, path, name)
     upstream: ClientConnection | None = None
     try:
         if turn is not None:
@@ -171,7 +178,7 @@ async def _serve(scope: Scope, receive: Receive, send: Send) -> None:
             if base is None:  # the client left while waiting
                 await turn.close(disconnected=True)
                 return
-        upstream = await _open(scope, model, path)
+        upstream = await _open(scope, model, path, credentials=not rt.keys.enabled)
     except (ModelStartError, Refused) as exc:
         if turn is not None:
             await turn.close(error=None if isinstance(exc, Refused) else exc)
@@ -205,7 +212,9 @@ async def _serve(scope: Scope, receive: Receive, send: Send) -> None:
         await upstream.close()
 
 
-def _take_turn(scope: Scope, model: ModelConfig, request_id: str, path: str, name: str) -> Turn:
+def _take_turn(
+    rt: Runtime, scope: Scope, model: ModelConfig, request_id: str, path: str, name: str
+) -> Turn:
     """A turn for the socket, at the priority an HTTP request of its key would get."""
     key: ApiKey | None = scope.get("llamaswap.api_key")
     header = _header(scope, HEADER.lower().encode())
@@ -215,7 +224,7 @@ def _take_turn(scope: Scope, model: ModelConfig, request_id: str, path: str, nam
         priority, requested = key.policy.grant(header)
         key_name = key.name
     turn = Turn(
-        runtime.current().dispatcher,
+        rt.dispatcher,
         model,
         priority,
         request_id,
@@ -247,15 +256,17 @@ async def _wait_turn(turn: Turn, receive: Receive) -> str | None:
     return waiting.result()  # raises ModelStartError, Refused
 
 
-async def _open(scope: Scope, model: ModelConfig, path: str) -> ClientConnection:
-    """The websocket to the model: the client's headers (as the HTTP relay forwards them),
-    its offered subprotocols, and the query string."""
+async def _open(
+    scope: Scope, model: ModelConfig, path: str, *, credentials: bool
+) -> ClientConnection:
+    """The websocket to the model: the client's headers (as the HTTP relay forwards them;
+    its credentials only when ``credentials``: no API keys here), its offered
+    subprotocols, and the query string."""
     base = model.proxy.rstrip("/")
     url = "ws" + base[len("http") :] + path
     query = scope.get("query_string", b"")
     if query:
         url += "?" + query.decode("latin-1")
-    credentials = not runtime.current().keys.enabled
     headers = [
         (k.decode("latin-1"), v.decode("latin-1"))
         for k, v in forward_headers(list(scope.get("headers", ())), credentials=credentials)

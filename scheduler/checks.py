@@ -14,8 +14,9 @@ Messages:
   problem: :func:`every_error` finds the first, then parses the file again without the
   key at fault (a model's ``cmd`` replaced by a placeholder, a list entry's whole list
   left out), and so on, so a config with three mistakes in different places reports
-  all three in one run (at most :data:`MAX_ERRORS`). A file that cannot be read (missing,
-  not YAML) is one error.
+  all three in one run (at most :data:`MAX_ERRORS`), also for ``--config-dir`` fragments
+  (parsed merged, as ``serve`` reads them). A file that cannot be read (missing, not YAML)
+  or merged is one error.
 * ``llamaswap.W001``: a key that is ignored (not supported, unknown) or adjusted.
 """
 
@@ -29,7 +30,7 @@ from django.conf import settings
 from django.core import checks
 
 from scheduler.config import Config, ConfigError, load_config, parse_config, read_yaml
-from scheduler.sources import load_sources
+from scheduler.sources import load_sources, merged_sources, source_files
 
 log = logging.getLogger("llamaswap.config")
 
@@ -42,17 +43,22 @@ PLACEHOLDER_CMD = "llamaswap-check-placeholder ${PORT}"
 """What a model's faulty (or missing) ``cmd`` is replaced by while the rest is checked."""
 
 
-def every_error(first: ConfigError, path: str) -> list[ConfigError]:
-    """``first`` (raised loading ``path``) and the errors after it: the file parsed again
-    without each key at fault, until it parses, a key cannot be left out, or
+def every_error(first: ConfigError, path: str, config_dir: str = "") -> list[ConfigError]:
+    """``first`` (raised loading ``path`` and the fragments of ``config_dir``) and the
+    errors after it: the config (the fragments merged as ``serve`` merges them) parsed
+    again without each key at fault, until it parses, a key cannot be left out, or
     :data:`MAX_ERRORS`. Each error keeps its own key path."""
     errors = list(first.every)
-    if not path or first.key in ("", path):
+    if not (path or config_dir) or first.key in ("", path, config_dir):
         return errors  # the file itself (missing, not YAML): nothing to go on with
     try:
-        data = read_yaml(path)
+        if config_dir:
+            files = source_files(path, config_dir)
+            data, source = merged_sources(files), ", ".join(files)
+        else:
+            data, source = read_yaml(path), path
     except ConfigError:
-        return errors
+        return errors  # a fragment that cannot be read or merged: that is the one error
     if not isinstance(data, dict):
         return errors
     seen = {error.key for error in errors}
@@ -62,7 +68,7 @@ def every_error(first: ConfigError, path: str) -> list[ConfigError]:
             if not _leave_out(data, key, again):
                 return errors
         try:
-            parse_config(data, source=path)
+            parse_config(data, source=source)
         except ConfigError as exc:
             fresh = [error for error in exc.every if error.key not in seen]
             if fresh:
@@ -135,6 +141,7 @@ def inspect_config(
     """Load ``path`` (and the fragments of ``config_dir``, see :mod:`scheduler.sources`):
     the config (None when unusable) and one Error, or one Warning per warning.
     ``named_by`` says where the path came from, for the hint."""
+    given = path
     try:
         try:
             config = load_sources(path, config_dir) if config_dir else load_config(path)
@@ -156,19 +163,20 @@ def inspect_config(
             hint = f"No file at {path}{origin}; a relative path starts at {os.getcwd()}."
         else:
             hint = f"Fix {where} in {path}{origin}; config.example.yaml shows every supported key."
-        found = every_error(exc, "" if config_dir else path)
-        return None, [
+        found = every_error(exc, given, config_dir)
+        errors: list[checks.CheckMessage] = [
             checks.Error(
                 exc.message if file_level else f"{exc.key}: {exc.message}",
                 hint=hint,
                 obj=path,
                 id=E_CONFIG,
             )
-        ] + [
-            # Every other problem (every_error), each with its key.
+        ]
+        errors.extend(  # every other problem (every_error), each with its key
             checks.Error(f"{more.key}: {more.message}", hint=hint, obj=path, id=E_CONFIG)
             for more in found[1:]
-        ]
+        )
+        return None, errors
     return config, [
         checks.Warning(
             warning,

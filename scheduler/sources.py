@@ -102,6 +102,13 @@ def load_sources(config: str = "", config_dir: str = "") -> Config:
 
 def _load_sources(config: str, config_dir: str) -> Config:
     files = source_files(config, config_dir)
+    return parse_config(merged_sources(files), source=", ".join(files))
+
+
+def merged_sources(files: list[str]) -> dict[str, Any]:
+    """``files`` (:func:`source_files`) read and merged into one config mapping, not yet
+    parsed (``scheduler.checks`` parses it again, key by key left out, to list every
+    error). Raises :class:`ConfigError`."""
     merged: dict[str, Any] | None = None
     left = MAX_CONFIG_BYTES  # for all the files together
     values = chars = 0  # the merged config holds at most the sum of the files
@@ -124,7 +131,7 @@ def _load_sources(config: str, config_dir: str) -> Config:
             merged = data
         else:
             _merge(merged, data, "", path)
-    return parse_config(merged or {}, source=", ".join(files))
+    return merged or {}
 
 
 def _size(path: str) -> int:

@@ -21,6 +21,7 @@ from scheduler.config import parse_config
 from scheduler.keys import ALL_SCOPES, ApiKey, KeyRing, digest
 from tests.asgi import http_scope, in_process
 from web.paths import INFERENCE_PATHS
+from web.runtime import carrying
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -47,6 +48,9 @@ NO_MODEL = json.dumps({"model": "no-such-model", "messages": []}).encode()
 RULES: dict[str, tuple[str, tuple[str, str, bytes]]] = {
     **{p: (API_KEY, ("POST", "/" + p, NO_MODEL)) for p in INFERENCE_PATHS},
     "^upstream/(?P<rest>.+)$": (API_KEY, ("GET", "/upstream/no-such/x", b"")),
+    # llama-swap's ComfyUI passthrough: behind its API key, the redirect too (as there).
+    "comfyui": (API_KEY, ("GET", "/comfyui", b"")),
+    "^comfyui/(?P<path>.*)$": (API_KEY, ("GET", "/comfyui/no-such", b"")),
     "v1/models": (API_KEY, ("GET", "/v1/models", b"")),
     "running": (API_KEY, ("GET", "/running", b"")),
     "unload": (API_KEY, ("GET", "/unload", b"")),
@@ -468,8 +472,13 @@ async def test_the_websocket_needs_a_login(settings, keys):
     from dashboard.consumers import CLOSE_LOGIN_REQUIRED, DashboardConsumer
 
     settings.DASHBOARD_REQUIRE_LOGIN = not keys
-    async with in_process(_config(), keys=_ring() if keys else None):
-        comm = WebsocketCommunicator(DashboardConsumer.as_asgi(), "/ws/dashboard/")
+    async with in_process(_config(), keys=_ring() if keys else None) as world:
+        consumer = DashboardConsumer.as_asgi()
+
+        async def served(scope, receive, send):  # as the router hands the runtime over
+            return await consumer({**scope, **carrying(world.runtime)}, receive, send)
+
+        comm = WebsocketCommunicator(served, "/ws/dashboard/")
         comm.scope["user"] = AnonymousUser()
         connected, code = await comm.connect(timeout=3)
         assert not connected and code == CLOSE_LOGIN_REQUIRED

@@ -1,4 +1,5 @@
-"""Websocket passthrough on ``/upstream/{model}/...`` through the real server: a real
+"""Websocket passthrough on ``/upstream/{model}/...`` (and llama-swap's ``/comfyui/...``,
+HTTP too) through the real server: a real
 ``serve`` subprocess, a real websocket model server (tests/ws_model.py) started by it, and
 the ``websockets`` client as the user's browser or script."""
 
@@ -32,12 +33,14 @@ def ws_model(port: int, **keys) -> dict:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = free_port_block(4)
+    port = free_port_block(5)
     models = {
         "comfy": ws_model(port),
         "org/comfy": ws_model(port + 1, timeouts={"idle": 1}),
         "quiet": ws_model(port + 2, compat={"ignoreWebsockets": True}),
         "other": ws_model(port + 3),
+        # llama-swap's /comfyui model; its compat.ignoreWebsockets is forced on.
+        "comfyui_auto": ws_model(port + 4, compat={"ignoreWebsockets": False}),
     }
     extra = {"upstream": {"allowPaths": ALLOW}}
     with serve(tmp_path_factory.mktemp("wsproxy"), models, extra) as srv:
@@ -196,6 +199,73 @@ def test_refusals_happen_before_the_handshake(server, path, headers, logged):
     assert refused.value.response.status_code == 403
     if logged is not None:
         assert logged in server.log_path.read_text()
+
+
+# -- /comfyui: llama-swap's passthrough to the model comfyui_auto ------------------------------
+
+
+@pytest.mark.parametrize(("method", "status"), [("GET", 301), ("HEAD", 301), ("POST", 308)])
+def test_bare_comfyui_is_redirected_to_its_root_with_the_query(server, method, status):
+    r = httpx.request(method, server.url + "/comfyui?token=value", timeout=5)
+    assert r.status_code == status and r.headers["location"] == "/comfyui/?token=value"
+
+
+def test_only_the_comfyui_root_starts_its_model(server):
+    unload(server, "comfyui_auto")
+    # A stale tab's API call, asset or socket: refused, nothing loads.
+    r = httpx.post(server.url + "/comfyui/api/prompt", json={}, timeout=10)
+    assert r.status_code == 409
+    error = r.json()["error"]
+    assert error["code"] == "model_not_loaded"
+    assert error["message"] == "model comfyui_auto is not loaded; only /comfyui/ can start it"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(ws_url(server, "/comfyui/ws"), open_timeout=10)
+    assert refused.value.response.status_code == 403
+    with pytest.raises(InvalidStatus):  # the root's socket neither (ignoreWebsockets, forced)
+        connect(ws_url(server, "/comfyui/"), open_timeout=10)
+    assert "comfyui_auto" not in running(server)
+    # The root loads it, and reaches the model's own root with the query.
+    r = httpx.get(server.url + "/comfyui/?token=value", timeout=30)
+    assert r.status_code == 200 and r.text == "plain HTTP\n"
+    assert r.headers["x-path"] == "/?token=value"
+    assert running(server)["comfyui_auto"] == "ready"
+
+
+@pytest.mark.parametrize(
+    ("sent", "received"),
+    [
+        # any path of the model (upstream.allowPaths names a llama-server's), as encoded
+        (
+            "/comfyui/api/userdata/workflows%2Fexample.json?preview=1",
+            "/api/userdata/workflows%2Fexample.json?preview=1",
+        ),
+        (
+            "/comfyui/api/userdata/workflows%252Fexample.json",
+            "/api/userdata/workflows%252Fexample.json",
+        ),
+        ("/comfyui/api/%E2%9C%93%2Ffile.json", "/api/%E2%9C%93%2Ffile.json"),
+    ],
+)
+def test_a_loaded_comfyui_gets_every_path_as_the_client_encoded_it(server, sent, received):
+    assert httpx.get(server.url + "/comfyui/", timeout=30).status_code == 200
+    r = httpx.get(server.url + sent, timeout=10)  # tests/ws_model.py takes GETs only
+    assert r.status_code == 200 and r.headers["x-path"] == received
+
+
+def test_a_loaded_comfyuis_socket_is_relayed_and_takes_no_turn(server):
+    assert httpx.get(server.url + "/comfyui/", timeout=30).status_code == 200
+    with connect(ws_url(server, "/comfyui/ws?clientId=7"), open_timeout=10) as ws:
+        assert hello(ws)["path"] == "/ws?clientId=7"
+        r = httpx.get(server.url + "/comfyui/prompt", timeout=10)
+        assert r.status_code == 200
+        ws.send("still here")
+        assert ws.recv(timeout=5) == "still here"
+
+
+def test_comfyui_is_refused_for_a_dot_segment(server):
+    assert httpx.get(server.url + "/comfyui/", timeout=30).status_code == 200
+    r = httpx.get(server.url + "/comfyui/a/%2E%2E/secret", timeout=10)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "path_not_allowed"
 
 
 def test_api_keys_guard_websockets_as_they_guard_http(tmp_path):

@@ -376,6 +376,41 @@ def test_check_lists_every_error_each_with_its_key(tmp_path):
     )
 
 
+def test_check_of_a_config_dir_lists_every_error_across_its_fragments(tmp_path):
+    """``check --config-dir D`` (llama-swap's fragments, merged as ``serve`` merges them):
+    mistakes in two fragments and the main file, all in one run, each naming its key."""
+    port = pick_free_port()
+    main = tmp_path / "config.yaml"
+    main.write_text(yaml.safe_dump({"security": {"cors": {"maxAge": "a day"}}}))
+    fragments = tmp_path / "conf.d"
+    fragments.mkdir()
+    (fragments / "10-a.yaml").write_text(
+        yaml.safe_dump({"models": {"a": {**fake_model(port), "ttl": -5}}})
+    )
+    (fragments / "20-b.yml").write_text(
+        yaml.safe_dump(
+            {
+                "models": {"b": {"proxy": "http://127.0.0.1:1"}, "c": fake_model(port + 1)},
+                "apiKeys": ["fine", "has space"],
+            }
+        )
+    )
+    result = subprocess.run(
+        [str(SCRIPT), "check", str(main), "--config-dir", str(fragments)],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    keys = sorted(line.split(": error: ", 1)[1].split(": ", 1)[0] for line in errors)
+    assert keys == ["apiKeys[1]", "models.a.ttl", "models.b.cmd", "security.cors.maxAge"], (
+        result.stderr
+    )
+
+
 def test_check_of_a_good_config_exits_zero(tmp_path):
     path = _config(tmp_path)
     result = subprocess.run(

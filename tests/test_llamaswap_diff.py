@@ -71,12 +71,13 @@ class Side:
         return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
-def _start(tmp: Path, name: str, argv: list[str], env: dict) -> Side:
+def _start(tmp: Path, name: str, argv: list[str], env: dict, ids: tuple[str, ...] = MODELS) -> Side:
     tmp.mkdir()
     port = pick_free_port()
-    records = {model: tmp / f"{model.replace('/', '_')}.jsonl" for model in MODELS}
-    models = {model: fake_model(pick_free_port(), record=records[model]) for model in MODELS}
-    models["org/model"]["concurrencyLimit"] = 2  # test_concurrency_limit_counts_the_waiting
+    records = {model: tmp / f"{model.replace('/', '_')}.jsonl" for model in ids}
+    models = {model: fake_model(pick_free_port(), record=records[model]) for model in ids}
+    if "org/model" in models:
+        models["org/model"]["concurrencyLimit"] = 2  # test_concurrency_limit_counts_the_waiting
     config = tmp / "config.yaml"
     # llama-swap's scheduler on both sides (ours defaults to the serial priority one, which
     # queues a burst rather than refusing it).
@@ -121,7 +122,16 @@ def _stop(side: Side) -> None:
 
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory) -> Iterator[tuple[Side, Side]]:
-    tmp = tmp_path_factory.mktemp("diff")
+    yield from _both_sides(tmp_path_factory.mktemp("diff"), MODELS)
+
+
+@pytest.fixture(scope="module")
+def comfy_sides(tmp_path_factory) -> Iterator[tuple[Side, Side]]:
+    """Both sides serving llama-swap's ComfyUI model, ``comfyui_auto`` (a fakellm here)."""
+    yield from _both_sides(tmp_path_factory.mktemp("comfy"), ("comfyui_auto",))
+
+
+def _both_sides(tmp: Path, ids: tuple[str, ...]) -> Iterator[tuple[Side, Side]]:
     env = {k: v for k, v in os.environ.items() if k not in ("LLAMASWAP_CONFIG", "LOG_LEVEL")}
     env.update(PYTHONUNBUFFERED="1")
     ours_env = dict(
@@ -129,9 +139,9 @@ def sides(tmp_path_factory) -> Iterator[tuple[Side, Side]]:
     )
     # The activity log's tables (llama-swap keeps its own in memory).
     migrate_database(ours_env)
-    theirs = _start(tmp / "llama-swap", "llama-swap", [str(BINARY)], env)
+    theirs = _start(tmp / "llama-swap", "llama-swap", [str(BINARY)], env, ids)
     ours = _start(
-        tmp / "llamaswap", "llamaswap", [sys.executable, "-m", "llamaswap_site.cli"], ours_env
+        tmp / "llamaswap", "llamaswap", [sys.executable, "-m", "llamaswap_site.cli"], ours_env, ids
     )
     try:
         _wait(theirs)
@@ -397,13 +407,68 @@ def test_log_streams(sides, path):
             assert r.headers.get("transfer-encoding") == "chunked", (side.name, r.headers)
 
 
-def test_comfyui(sides):
-    """Not yet (docs/llama-swap-compat.md): llama-swap's /comfyui passthrough to the
-    model comfyui_auto."""
+def test_comfyui_without_its_model(sides):
     ours, theirs = both(sides, "GET", "/comfyui/")
-    assert theirs.status_code == 404  # no comfyui_auto in this config
-    assert "comfyui_auto" in theirs.json()["error"]["message"]
-    assert ours.status_code == 404
+    assert ours.status_code == theirs.status_code == 404  # no comfyui_auto in this config
+    assert media_type(ours) == media_type(theirs) == "application/json"
+    message = ours.json()["error"]["message"]
+    assert message == theirs.json()["error"]["message"] == "local model comfyui_auto not found"
+
+
+# -- /comfyui (its own pair of servers: the model comfyui_auto) -------------------------------
+
+
+def _comfy_state(side: Side) -> str | None:
+    running = httpx.get(side.url + "/running", timeout=5).json()["running"]
+    return next((r["state"] for r in running if r["model"] == "comfyui_auto"), None)
+
+
+@pytest.mark.parametrize(("method", "status"), [("GET", 301), ("HEAD", 301), ("POST", 308)])
+def test_comfyui_redirect(comfy_sides, method, status):
+    ours, theirs = both(comfy_sides, method, "/comfyui?token=value")
+    assert ours.status_code == theirs.status_code == status
+    assert ours.headers["location"] == theirs.headers["location"] == "/comfyui/?token=value"
+
+
+def test_comfyui_only_its_root_starts_the_model(comfy_sides):
+    ours, theirs = both(comfy_sides, "POST", "/comfyui/v1/chat/completions", json=CHAT)
+    assert ours.status_code == theirs.status_code == 409
+    assert media_type(ours) == media_type(theirs) == "application/json"
+    message = ours.json()["error"]["message"]
+    assert message == theirs.json()["error"]["message"]
+    assert message == "model comfyui_auto is not loaded; only /comfyui/ can start it"
+    assert [_comfy_state(side) for side in comfy_sides] == [None, None]
+    assert all(side.received("comfyui_auto") == [] for side in comfy_sides)
+    # The root loads it and reaches the model's root (fakellm: 404 to a GET there).
+    ours, theirs = both(comfy_sides, "GET", "/comfyui/?token=value")
+    assert ours.status_code == theirs.status_code == 404
+    assert media_type(ours) == media_type(theirs) == "application/json"
+    assert [_comfy_state(side) for side in comfy_sides] == ["ready", "ready"]
+    mine, its = (_last(side, "comfyui_auto") for side in comfy_sides)
+    assert (mine["method"], mine["path"]) == (its["method"], its["path"]) == ("GET", "/")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "reaches"),
+    [
+        ("POST", "/comfyui/v1/chat/completions", "/v1/chat/completions"),
+        ("GET", "/comfyui/v1/models?a=b", "/v1/models"),
+        ("GET", "/comfyui/slots", "/slots"),  # every path: upstream.allowPaths is /upstream's
+        ("GET", "/comfyui/api/userdata/workflows%2Fexample.json", None),
+    ],
+)
+def test_comfyui_passes_every_path_through_once_loaded(comfy_sides, method, path, reaches):
+    assert all(
+        httpx.get(side.url + "/comfyui/", timeout=30).status_code == 404 for side in comfy_sides
+    )
+    body = CHAT if method == "POST" else None
+    ours, theirs = both(comfy_sides, method, path, json=body)
+    assert ours.status_code == theirs.status_code, (ours.text, theirs.text)
+    assert media_type(ours) == media_type(theirs)
+    mine, its = (_last(side, "comfyui_auto") for side in comfy_sides)
+    assert (mine["method"], mine["path"], mine["body"]) == (its["method"], its["path"], its["body"])
+    if reaches is not None:
+        assert mine["path"] == reaches
 
 
 def test_unknown_model_errors(sides):

@@ -8,7 +8,8 @@
 * on ``burst:N:SIZE`` sends N binary messages of SIZE bytes at once, each starting with its
   index (4 bytes, big-endian).
 
-``GET /last-close`` answers the close code (and reason) the last client closed with.
+``GET /last-close`` answers the close code (and reason) the last client closed with; any
+other plain HTTP request ``plain HTTP`` with the path it arrived at in ``X-Path``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ def http(connection: ServerConnection, request: Request) -> Response | None:
     if request.path.startswith("/refuse"):
         return connection.respond(HTTPStatus.NOT_FOUND, "no websocket here\n")
     if "upgrade" not in request.headers.get("Connection", "").lower():
-        return connection.respond(HTTPStatus.OK, "plain HTTP\n")
+        response = connection.respond(HTTPStatus.OK, "plain HTTP\n")
+        response.headers["X-Path"] = request.path  # as it arrived: encoded, with the query
+        return response
     return None
 
 

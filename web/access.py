@@ -157,11 +157,12 @@ PREFIX_SCOPES: tuple[tuple[str, Scope], ...] = (
     ("/api/captures/", Scope.OPERATOR),  # a request's prompt and answer
     ("/logs/", Scope.OPERATOR),
     ("/upstream/", Scope.INFERENCE),
+    ("/comfyui/", Scope.INFERENCE),  # llama-swap's passthrough to comfyui_auto
 )
 
 
 def required_scope(path: str) -> Scope:
-    """The scope ``path`` needs (:data:`PATH_SCOPES`): dict lookups, no scan but the four
+    """The scope ``path`` needs (:data:`PATH_SCOPES`): dict lookups, no scan but the
     prefixes."""
     scope = PATH_SCOPES.get(path) or PATH_SCOPES.get(path.rstrip("/") or "/")
     if scope is not None:

@@ -12,7 +12,10 @@ through the one path every request ends by (``proxy.turn.Turn``), as "cancelled"
   ``499 request_cancelled`` (OpenAI-shaped JSON, a status no client library retries);
 * being answered: the answer stops (a stream ends without ``[DONE]``).
 
-Requests forwarded to a peer take no turn and are not tracked here.
+Requests forwarded to a peer (``proxy.peers``) are tracked and cancelled the same way:
+their turn is on ``runtime.unqueued`` (``scheduler.tickets.Unqueued``) instead of the
+dispatcher's queue, always "running" (they are sent at once), and the peer sees the
+connection close as it would for a client that left.
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ import asyncio
 import enum
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from django.http import HttpResponse
+
 from scheduler.dispatcher import Ticket, TicketState
+from web.errors import error_response
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -36,7 +43,7 @@ class CancelOutcome(enum.Enum):
     """What :func:`cancel_request` did."""
 
     NOT_FOUND = "not_found"
-    """No such request in flight (never was, already over, or a peer's)."""
+    """No such request in flight (never was, or already over)."""
     CANCELLED_WAITING = "cancelled_waiting"
     """It had not been granted its turn: it leaves the queue."""
     CANCELLED_RUNNING = "cancelled_running"
@@ -97,6 +104,25 @@ def cancel_request(request_id: str, by: str = "api") -> CancelOutcome:
         )
         entry.task.cancel(f"cancelled by {by}")
     return outcome
+
+
+def cancelled_answer(ticket: Ticket, end: Callable[[Ticket], None]) -> HttpResponse | None:
+    """Called where the current task's cancellation is caught, before the request was
+    answered: the ``499 request_cancelled`` its client gets when :func:`cancel_request`
+    cancelled it (the task's cancellation taken back, ``ticket`` ended by ``end``: its
+    dispatcher's ``cancel``); None when someone else did (the client left, the server gives
+    up): re-raise then."""
+    by = cancelled_by(ticket.request_id)
+    task = asyncio.current_task()
+    if by is None or task is None or task.uncancel() > 0:
+        return None
+    end(ticket)
+    return error_response(
+        CANCELLED_STATUS,
+        f"request cancelled by {by} before it was answered",
+        code="request_cancelled",
+        request_id=ticket.request_id,
+    )
 
 
 def cancelled_by(request_id: str) -> str | None:

@@ -84,12 +84,21 @@ PROXY_EXACT = frozenset(
         "api/queue",
         "metrics",
         "api/version",
+        "api/hardware",  # llama-swap's web UI polls these two: no middleware on the way
+        "api/performance",
         "api/events",
         "wol-health",  # llama-swap's /health for its wake-on-LAN helper
+        "comfyui",  # to /comfyui/ (proxy/comfyui.py)
     ]
 )
 """Paths served by the lean proxy handler (see ``proxy/handler.py``)."""
-PROXY_PREFIXES = ("/upstream/", "/api/models/unload", "/api/inflight/", "/logs/stream/")
+PROXY_PREFIXES = (
+    "/upstream/",
+    "/comfyui/",
+    "/api/models/unload",
+    "/api/inflight/",
+    "/logs/stream/",
+)
 
 JSON_PREFIXES = ("/v1/", "/api/", "/upstream/", "/logs/")
 

@@ -38,6 +38,13 @@ from scheduler.config.values import (
 
 DEFAULT_CONCURRENCY_LIMIT = 10
 
+COMFYUI_MODEL_ID = "comfyui_auto"
+"""The model ``/comfyui/`` passes through to (llama-swap's rule; ``proxy/passthrough.py``).
+Its config is forced as llama-swap forces it: ``concurrencyLimit`` at least
+:data:`COMFYUI_CONCURRENCY_LIMIT` (a ComfyUI page sends many requests at once) and
+``compat.ignoreWebsockets`` (its page's socket never loads it)."""
+COMFYUI_CONCURRENCY_LIMIT = 50
+
 
 DEFAULT_CHECK_ENDPOINT = "/health"
 
@@ -354,7 +361,10 @@ def build_model(
         name=read_string(or_default(model.get("name"), ""), f"{key}.name"),
         description=read_string(or_default(model.get("description"), ""), f"{key}.description"),
         unlisted=read_bool(or_default(model.get("unlisted"), False), f"{key}.unlisted"),
-        concurrency_limit=concurrency or DEFAULT_CONCURRENCY_LIMIT,
+        concurrency_limit=max(
+            concurrency or DEFAULT_CONCURRENCY_LIMIT,
+            COMFYUI_CONCURRENCY_LIMIT if model_id == COMFYUI_MODEL_ID else 0,
+        ),
         metadata=MappingProxyType(dict(read_mapping(model.get("metadata"), f"{key}.metadata"))),
         strip_params=strip_params,
         set_params=MappingProxyType(set_params),
@@ -366,7 +376,8 @@ def build_model(
             or_default(model.get("sendLoadingState"), defaults.send_loading_state),
             f"{key}.sendLoadingState",
         ),
-        ignore_websockets=_ignore_websockets(model.get("compat"), f"{key}.compat", warnings),
+        ignore_websockets=_ignore_websockets(model.get("compat"), f"{key}.compat", warnings)
+        or model_id == COMFYUI_MODEL_ID,
     )
 
 
