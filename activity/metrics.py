@@ -216,6 +216,8 @@ class MetricsObserver:
     def on_finish(self, ticket: Ticket) -> None:
         if ticket.outcome is None or ticket.extra.get("preload"):
             return
+        if ticket.extra.get("recorded_elsewhere"):  # fleet: counted where its client is
+            return
         finished = ticket.finished_at if ticket.finished_at is not None else ticket.arrival
         band = ticket.decision.band if ticket.decision is not None else band_of(ticket.priority)
         child = self._durations.get((band, ticket.outcome.value))

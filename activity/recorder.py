@@ -119,6 +119,8 @@ class Recorder:
     def on_finish(self, ticket: Ticket) -> None:
         if ticket.outcome is None or ticket.extra.get("preload"):
             return
+        if ticket.extra.get("recorded_elsewhere"):  # fleet: another ticket holds its record
+            return
         buffer = self._buffer
         if len(buffer) >= self.capacity:
             self._drop(1, "the buffer is full (is the database unavailable?)")

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from fleet.node import section as fleet_section
 from scheduler.core.lanes import DEFAULT_LANE
 from scheduler.core.policy import Decision, Ranked, SchedulerSettings, Term
 from scheduler.core.priority import BANDS, Band, band_of
@@ -125,6 +126,7 @@ def build_snapshot(
     advice: Mapping[str, Any] | None = None,
     started_at: float | None = None,
     access: Mapping[str, Any] | None = None,
+    fleet: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The dashboard's state.
 
@@ -136,7 +138,8 @@ def build_snapshot(
     the dispatcher's lanes (one per GPU; :func:`lane_rows`), ``lane_of`` a model's lane.
     ``started_at`` (Unix seconds) is when the counters (dispatched, reordered) started:
     they count since the server started, the history keeps every request. ``access`` is
-    :func:`access_block`: whether the API is open or keyed.
+    :func:`access_block`: whether the API is open or keyed. ``fleet``: the fleet's
+    section (fleet mode), else the running fleet's, read from memory (``fleet.node.section``).
     """
     lane_name = lane_of or (lambda _model: DEFAULT_LANE)
     band_rows = []
@@ -204,6 +207,8 @@ def build_snapshot(
         "samples": [s.row() for s in samples],
         "started_at": _r(started_at),
         "access": dict(access) if access else None,
+        # Fleet mode: every node, up or down, its models and queue (fleet/; None on one box).
+        "fleet": dict(fleet) if fleet is not None else fleet_section(),
     }
 
 

@@ -21,7 +21,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = envbool("DEBUG")
 # The names the server answers to (the Host header), checked on every path by the router
-# (llamaswap_site/asgi.py) against DNS rebinding; `*` allows any. Unset: `serve` sets
+# (web/access.py) against DNS rebinding; `*` allows any. Unset: `serve` sets
 # the names of its --listen address (loopback: these three, any port).
 LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
 ALLOWED_HOSTS = [
@@ -56,7 +56,7 @@ INSTALLED_APPS = [
     "llamaswap_site",  # the composition: `serve` wires the dispatcher, proxy and dashboard
 ]
 
-# The proxy endpoints bypass this stack (see llamaswap_site/asgi.py): every sync
+# The proxy endpoints bypass this stack (see proxy/handler.py): every sync
 # middleware costs a thread hop per request under ASGI.
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",  # pages only: it is sync

@@ -17,7 +17,7 @@ import httpx
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.core.files.uploadhandler import FileUploadHandler, SkipFile
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
@@ -26,13 +26,13 @@ from proxy import inflight, passthrough, peers, progress, routing
 from proxy.passthrough import path_allowed
 from proxy.relay import relay
 from proxy.turn import RECORD_EXTRA
-from scheduler import runtime
 from scheduler.config import Capabilities, ModelConfig
 from scheduler.names import Unroutable
 from scheduler.process import ModelState
 from web.access import cross_origin
 from web.errors import clip, cross_origin_refused, echo, error_response, method_not_allowed
 from web.paths import inference_methods, upstream_path
+from web.runtime import runtime_of
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -50,7 +50,7 @@ def new_request_id() -> str:
 
 
 @csrf_exempt
-async def inference(request: HttpRequest) -> HttpResponse:
+async def inference(request: HttpRequest) -> HttpResponseBase:
     """POST /v1/chat/completions and friends: the model comes from the body.
 
     The name goes through the active profile's pin and a selector before the request is
@@ -61,7 +61,7 @@ async def inference(request: HttpRequest) -> HttpResponse:
     methods = inference_methods(request.path)
     if request.method not in methods:
         return method_not_allowed(request, methods, request_id=request_id)
-    rt = runtime.current()
+    rt = runtime_of(request)
     ceiling = rt.config.global_concurrency_limit
     if ceiling and not inflight.enter(ceiling):
         return error_response(
@@ -72,14 +72,14 @@ async def inference(request: HttpRequest) -> HttpResponse:
             headers={"Retry-After": "1"},
         )
     if request.method == "GET":  # /props, /sdapi/v1/loras, /v1/audio/voices: ?model=
-        parsed: tuple[bytes, dict[str, Any] | None, object] | HttpResponse = (
+        parsed: tuple[bytes, dict[str, Any] | None, object] | HttpResponseBase = (
             b"",
             None,
             request.GET.get("model", ""),
         )
     else:
-        parsed = _parse_body(request, request_id)
-    if isinstance(parsed, HttpResponse):
+        parsed = _parse_body(request, request_id, rt.config.limits.max_json_values)
+    if isinstance(parsed, HttpResponseBase):
         return parsed
     body, data, name = parsed
     del parsed  # it holds the parsed JSON, which must not live while the request waits
@@ -123,7 +123,8 @@ async def inference(request: HttpRequest) -> HttpResponse:
     elif request.method == "POST":  # multipart: only the model field changes, as llama-swap does
         field = routing.multipart_model(target)
         if field is not None:
-            body = routing.rewrite_multipart_model(body, request.content_params["boundary"], field)
+            boundary = (request.content_params or {})["boundary"]  # checked by _parse_body
+            body = routing.rewrite_multipart_model(body, boundary, field)
     extra = routing.record_extra(target)
     hop = placing.hop(request, target, extra)  # fleet: another node starts it sooner
     if hop is not None:  # None back: that node was unreachable, it runs here after all
@@ -144,7 +145,7 @@ async def inference(request: HttpRequest) -> HttpResponse:
 
 
 def _parse_body(
-    request: HttpRequest, request_id: str
+    request: HttpRequest, request_id: str, limit: int
 ) -> tuple[bytes, dict[str, Any] | None, object] | HttpResponse:
     """The body, its JSON object (None for multipart) and its ``model``; or the 4xx to answer.
 
@@ -153,7 +154,7 @@ def _parse_body(
 
     Both parsers run on the event loop (``json.loads`` holds the GIL: a thread would not
     free it), so their cost is bounded before they start: a JSON body may hold at most
-    ``limits.maxJsonValues`` values (:func:`_json_values_bound`; a body of ``{},`` cost
+    ``limit`` values (``limits.maxJsonValues``: :func:`_json_values_bound`; a body of ``{},`` cost
     25x its size and 0.9 s per 30 MB), and a multipart body's files are skipped, not
     stored (only its ``model`` field is read; Django keeps fields within
     ``DATA_UPLOAD_MAX_MEMORY_SIZE``, ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` and ``_FILES``).
@@ -171,7 +172,7 @@ def _parse_body(
             "request_too_large",
         )
     if request.content_type == "multipart/form-data":
-        if not request.content_params.get("boundary"):
+        if not (request.content_params or {}).get("boundary"):
             return refuse(
                 400, "multipart/form-data without a boundary in Content-Type", "invalid_multipart"
             )
@@ -208,7 +209,6 @@ def _parse_body(
         return body, None, name
     if not body.strip():
         return refuse(400, "request body is empty: expected a JSON object", "invalid_json")
-    limit = runtime.current().config.limits.max_json_values
     values = _json_values_bound(body, limit)
     if values > limit:
         return refuse(
@@ -268,7 +268,7 @@ def _json_type(value: object) -> str:
 
 
 @csrf_exempt
-async def upstream_passthrough(request: HttpRequest, rest: str) -> HttpResponse:
+async def upstream_passthrough(request: HttpRequest, rest: str) -> HttpResponseBase:
     """ANY /upstream/{model}/{path}: the model from the path, everything else as sent.
 
     The model is the longest leading run of path segments that names one (llama-swap's
@@ -279,7 +279,7 @@ async def upstream_passthrough(request: HttpRequest, rest: str) -> HttpResponse:
     llama-swap (proxy/passthrough.py: the same rule for websockets).
     """
     request_id = new_request_id()
-    rt = runtime.current()
+    rt = runtime_of(request)
     found = passthrough.find(rt, rest)
     if found is None:
         first = rest.split("/", 1)[0]
@@ -363,7 +363,7 @@ async def list_models(request: HttpRequest) -> HttpResponse:
     (``type: selector``, loaded when a target it would pick is), and the active profile's
     pins that name something not listed otherwise (``type: profile``).
     """
-    rt = runtime.current()
+    rt = runtime_of(request)
     config = rt.config
     states = routing.model_states(rt.dispatcher)
     data = []
@@ -490,7 +490,7 @@ async def unload(request: HttpRequest, model_name: str | None = None) -> HttpRes
     reason = cross_origin(request)
     if reason is not None:
         return cross_origin_refused(reason)
-    rt = runtime.current()
+    rt = runtime_of(request)
     models = None
     if model_name is not None:
         model = rt.config.resolve(model_name)
@@ -512,7 +512,7 @@ async def queue(request: HttpRequest) -> HttpResponse:
     score, each with its ``lane`` and its ``position`` in that lane (1 goes next there).
     ``estimated_wait_seconds``: until it is picked, from the measured times (see
     :meth:`Dispatcher.waiting`)."""
-    dispatcher = runtime.current().dispatcher
+    dispatcher = runtime_of(request).dispatcher
     raw = request.GET.get("limit", "100")
     try:
         limit = max(1, min(int(raw), 1000))

@@ -112,6 +112,7 @@
     });
     var box = $("#lanes");
     if (box) box.innerHTML = lanes.join("");
+    renderFleet(snap.fleet);
     var rows = snap.running.map(function (j) {
       return "<tr><td>" + rid(j.request_id) + "</td><td>" + esc(j.model) + "</td><td>" + esc(j.lane) + "</td><td>" + tag(j.band) +
         '</td><td class="n">' + j.priority + "</td><td>" + esc(j.state) + '</td><td class="n">' +
@@ -119,6 +120,23 @@
     });
     $("#running-rows").innerHTML = rows.join("") ||
       '<tr class="empty"><td colspan="7">idle — nothing running</td></tr>';
+  }
+
+  function renderFleet(fleet) {
+    // Fleet mode (fleet/): every node, up or down, its loaded models and queue per band.
+    var box = $("#fleet");
+    if (!box) return;
+    box.hidden = !fleet;
+    if (!fleet) return;
+    var nodes = fleet.nodes.map(function (n) {
+      var up = n.up ? "up" : "down";
+      return '<div class="lane" data-node="' + esc(n.node) + '"><strong>' + esc(n.node) + "</strong>" +
+        (n.here ? " (here)" : "") + ' <span class="state state-' + (n.up ? "ready" : "stopped") + '">' + up +
+        "</span> " + (n.loaded.map(esc).join(" ") || "nothing loaded") + " · waiting " + n.depth.interactive +
+        " / " + n.depth.normal + " / " + n.depth.batch + " · " + n.running + " running</div>";
+    });
+    box.innerHTML = '<div class="fleet-status"><strong>fleet</strong> ' + fleet.up + " of " + fleet.nodes.length +
+      " up · " + esc(fleet.status) + "</div>" + nodes.join("");
   }
 
   function renderSettings(snap) {

@@ -1,0 +1,2 @@
+"""Fleet mode: several llamaswap servers sharing PostgreSQL (the record) and Redis (presence
+and live state). See docs/fleet.md."""
