@@ -12,25 +12,27 @@ from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 
+from scheduler.runtime import Runtime
 from web.errors import login_required as login_required_response
+from web.runtime import maybe_runtime_of
 
 
-def login_required() -> bool:
-    """Do the read-only pages (and the websocket, and the JSON API without a key) need a
-    Django login? When ``DASHBOARD_REQUIRE_LOGIN`` is set, and whenever API keys are
-    configured: a box that asks its API clients for a key does not show its queue to
-    anyone."""
+def login_required(rt: Runtime | None) -> bool:
+    """Do the read-only pages (and the websocket, and the JSON API without a key) of the
+    server ``rt`` (None: none runs) need a Django login? When ``DASHBOARD_REQUIRE_LOGIN``
+    is set, and whenever API keys are configured: a box that asks its API clients for a
+    key does not show its queue to anyone."""
     if settings.DASHBOARD_REQUIRE_LOGIN:
         return True
-    from scheduler import runtime
-
-    return runtime.is_running() and runtime.current().keys.enabled
+    return rt is not None and rt.keys.enabled
 
 
 async def api_refusal(request: HttpRequest) -> HttpResponse | None:
     """The dashboard's JSON API: 403 JSON when a login is needed and there is neither one
     nor an API key."""
-    if getattr(request, "scope", {}).get("llamaswap.api_key") is not None or not login_required():
+    if getattr(request, "scope", {}).get("llamaswap.api_key") is not None:
+        return None
+    if not login_required(maybe_runtime_of(request)):
         return None
     user = await request.auser()
     return None if user.is_authenticated else login_required_response()
@@ -42,7 +44,7 @@ def is_staff(user: Any) -> bool:
 
 
 def login_needed(request: HttpRequest, user: Any) -> bool:
-    return not user.is_authenticated and login_required()
+    return not user.is_authenticated and login_required(maybe_runtime_of(request))
 
 
 def read_only_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:

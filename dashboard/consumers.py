@@ -19,6 +19,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from dashboard import live
 from dashboard.access import login_required
+from web.runtime import scope_runtime
 
 CLOSE_LOGIN_REQUIRED = 4401
 CLOSE_BAD_MESSAGE = 4400
@@ -35,7 +36,7 @@ class DashboardConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # ch
     _refreshed_at = float("-inf")
 
     async def connect(self) -> None:
-        if login_required():
+        if login_required(scope_runtime(self.scope)):
             user = self.scope.get("user")
             if user is None or not user.is_authenticated:
                 await self.close(code=CLOSE_LOGIN_REQUIRED)

@@ -45,6 +45,7 @@ from scheduler.process import ModelState
 
 if TYPE_CHECKING:
     from scheduler.dispatcher import Dispatcher, Ticket
+    from scheduler.runtime import Runtime
 
 log = logging.getLogger("llamaswap.dashboard")
 
@@ -99,6 +100,8 @@ class LiveObserver:
         self.waiting_cap = waiting_cap
         self.group = group
         self.dispatcher: Dispatcher | None = None
+        self.runtime: Runtime | None = None
+        """The server watched (its reloads and keys), when started for one."""
         self.decisions: deque[dict[str, Any]] = deque(maxlen=decisions)
         self.dispatched: dict[Band, int] = dict.fromkeys(BANDS, 0)
         self.reorders = {band: dict.fromkeys(TERMS, 0) for band in BANDS}
@@ -176,11 +179,13 @@ class LiveObserver:
             kind="snapshot" if full else "update",
             lanes=lane_rows(dispatcher.lanes()),
             lane_of=queue.lane_for,
-            config_status=_config_status(),
-            estimates={rid: eta for rid, (_, _, eta) in dispatcher.waiting(self.waiting_cap).items()},
+            config_status=_config_status(self.runtime),
+            estimates={
+                rid: eta for rid, (_, _, eta) in dispatcher.waiting(self.waiting_cap).items()
+            },
             advice=_advice(),
             started_at=self.started_at,
-            access=access_now(),
+            access=access_now(self.runtime),
         )
 
     def take_sample(self) -> None:
@@ -190,13 +195,18 @@ class LiveObserver:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    async def start(self, dispatcher: Dispatcher | None = None) -> None:
-        """Watch ``dispatcher`` (the running server's when None) and start sending."""
+    async def start(self, dispatcher: Dispatcher | None = None, rt: Runtime | None = None) -> None:
+        """Watch ``dispatcher`` (``rt``'s; the server's installed in this process when
+        both are None: ``serve`` starts its observers so) and start sending; the snapshot
+        tells ``rt``'s config reloads and API keys."""
         global _current
         if dispatcher is None:
-            from scheduler import runtime
+            if rt is None:
+                from scheduler import runtime
 
-            dispatcher = runtime.current().dispatcher
+                rt = runtime.current()  # the composition's start: no request at hand
+            dispatcher = rt.dispatcher
+        self.runtime = rt
         self.dispatcher = dispatcher
         self.started_at = self._wall()
         self.model = dispatcher.model_state()
@@ -260,24 +270,20 @@ class LiveObserver:
             last_send = loop.time()
 
 
-def _config_status() -> dict[str, Any] | None:
+def _config_status(rt: Runtime | None) -> dict[str, Any] | None:
     """The last config reload's outcome (``llamaswap_site.reload``), when serving."""
-    from scheduler import runtime
-
-    if not runtime.is_running():
+    if rt is None:
         return None
-    reloader = runtime.current().reloader
+    reloader = rt.reloader
     return reloader.status.as_dict() if reloader is not None else None
 
 
-def access_now() -> dict[str, Any] | None:
-    """Open or keyed, from the running key ring (memory only, no query; None when no
-    server runs in this process)."""
-    from scheduler import runtime
-
-    if not runtime.is_running():
+def access_now(rt: Runtime | None) -> dict[str, Any] | None:
+    """Open or keyed, from the key ring of the server ``rt`` (memory only, no query; None
+    when no server runs in this process)."""
+    if rt is None:
         return None
-    ring = runtime.current().keys
+    ring = rt.keys
     return access_block(keyed=ring.enabled, keys=len(ring.names()))
 
 

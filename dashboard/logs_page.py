@@ -19,8 +19,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 
 from dashboard.access import is_staff, login_required
-from scheduler import proxylog, runtime
+from scheduler import proxylog
+from scheduler.logbuffer import LogBuffer
 from web.errors import echo, error_response
+from web.runtime import maybe_runtime_of, runtime_of
 
 FEED_LIMIT = 500
 """Lines one poll returns at most (the newest, when more came)."""
@@ -31,7 +33,7 @@ _PROXY_LINE = re.compile(r"^\S+ \[(\w+)\] ")
 
 async def _allowed(request: HttpRequest) -> bool:
     """Staff, or anyone on a box that needs no login."""
-    if not login_required():
+    if not login_required(maybe_runtime_of(request)):
         return True
     user = await request.auser()
     return is_staff(user)
@@ -41,9 +43,9 @@ def _text(line: bytes) -> str:
     return line.decode("utf-8", "replace").rstrip("\n")
 
 
-def feed(after: int, limit: int = FEED_LIMIT) -> dict[str, Any]:
-    """The lines numbered above ``after`` (the newest ``limit``), oldest first."""
-    upstream = runtime.current().dispatcher.logs
+def feed(upstream: LogBuffer, after: int, limit: int = FEED_LIMIT) -> dict[str, Any]:
+    """The lines numbered above ``after`` (the newest ``limit``) of the models' log
+    ``upstream`` and llamaswap's own, oldest first."""
     lines: list[dict[str, Any]] = []
     for seq, at, model, line in upstream.since(after, limit):
         lines.append(
@@ -74,7 +76,7 @@ async def logs_page(request: HttpRequest) -> HttpResponse:
     """GET /dashboard/logs/."""
     if not await _allowed(request):
         return redirect_to_login(request.get_full_path())
-    models = list(runtime.current().config.models)
+    models = list(runtime_of(request).config.models)
     context = {"nav": "logs", "models": models, "kept": KEPT_IN_PAGE}
     html = await sync_to_async(render_to_string)("dashboard/logs.html", context, request=request)
     return HttpResponse(html)
@@ -98,4 +100,4 @@ async def logs_feed(request: HttpRequest) -> HttpResponse:
             code="invalid_after",
             param="after",
         )
-    return JsonResponse(feed(after))
+    return JsonResponse(feed(runtime_of(request).dispatcher.logs, after))

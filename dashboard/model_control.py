@@ -26,11 +26,12 @@ from django.views.decorators.csrf import csrf_exempt
 
 from dashboard.access import is_staff
 from dashboard.model_watch import watch_of
-from scheduler import runtime
 from scheduler.keys import Scope, missing_scope_message
 from scheduler.process import ModelStartError
+from scheduler.runtime import Runtime
 from scheduler.tickets import Outcome, Refused
 from web.errors import cross_origin_refused, echo, error_response
+from web.runtime import runtime_of
 
 log = logging.getLogger("llamaswap.models")
 
@@ -43,17 +44,16 @@ class UnknownModel(LookupError):
     pass
 
 
-def _model_id(name: str) -> str:
-    model = runtime.current().config.resolve(name)
+def _model_id(rt: Runtime, name: str) -> str:
+    model = rt.config.resolve(name)
     if model is None:
         raise UnknownModel(name)
     return model.id
 
 
-async def load(name: str, who: str) -> str | None:
-    """Start model ``name`` now (a name or an alias); returns None once it is ready, else
-    the cause it could not start. Raises :class:`UnknownModel`."""
-    rt = runtime.current()
+async def load(rt: Runtime, name: str, who: str) -> str | None:
+    """Start model ``name`` of ``rt`` now (a name or an alias); returns None once it is
+    ready, else the cause it could not start. Raises :class:`UnknownModel`."""
     model = rt.config.resolve(name)
     if model is None:
         raise UnknownModel(name)
@@ -78,13 +78,13 @@ async def load(name: str, who: str) -> str | None:
     return None
 
 
-async def unload(name: str | None, who: str) -> None:
-    """Stop model ``name`` (every model when None); returns once the processes are gone.
-    Raises :class:`UnknownModel`."""
-    models = None if name is None else [_model_id(name)]
+async def unload(rt: Runtime, name: str | None, who: str) -> None:
+    """Stop model ``name`` of ``rt`` (every model when None); returns once the processes
+    are gone. Raises :class:`UnknownModel`."""
+    models = None if name is None else [_model_id(rt, name)]
     log.info("unload asked for", extra={"model": models[0] if models else ALL, "who": who})
     await _record(who, UNLOAD, models[0] if models else ALL)
-    await runtime.current().dispatcher.unload(models)
+    await rt.dispatcher.unload(models)
 
 
 async def _record(who: str, field: str, model: str) -> None:
@@ -115,7 +115,7 @@ async def who_may(request: HttpRequest, via: str) -> tuple[str | None, HttpRespo
     user = await request.auser()
     if is_staff(user):
         return f"{user.get_username()} ({via})", None
-    if runtime.current().keys.enabled:  # not reached: the router asks for a key first
+    if runtime_of(request).keys.enabled:  # not reached: the router asks for a key first
         return None, error_response(
             401, "an API key or a staff login is needed", code="invalid_api_key"
         )
@@ -134,11 +134,12 @@ async def load_api(request: HttpRequest, model_name: str) -> HttpResponse:
     if refusal is not None:
         return refusal
     assert who is not None
+    rt = runtime_of(request)
     try:
-        cause = await load(model_name, who)
+        cause = await load(rt, model_name, who)
     except UnknownModel:
         return error_response(404, f"model {echo(model_name)} not found", code="model_not_found")
-    model = _model_id(model_name)
+    model = _model_id(rt, model_name)
     if cause is not None:
         return error_response(
             503, f"model {echo(model)} could not start: {cause}", code="model_start_failed"
@@ -154,17 +155,18 @@ async def control(request: HttpRequest) -> HttpResponse:
         return error_response(403, "only staff may load or unload models", code="forbidden")
     action, name = request.POST.get("action", ""), request.POST.get("model", "")
     who = f"{user.get_username()} (models page)"
+    rt = runtime_of(request)
     try:
         if action == "load":
-            cause = await load(name, who)
+            cause = await load(rt, name, who)
             if cause is not None:
                 return error_response(
                     503, f"{echo(name)} could not start: {cause}", code="model_start_failed"
                 )
         elif action == "unload":
-            await unload(name, who)
+            await unload(rt, name, who)
         elif action == "unload_all":
-            await unload(None, who)
+            await unload(rt, None, who)
         else:
             return error_response(
                 400, f"unknown action {echo(action)}", code="invalid_action", param="action"

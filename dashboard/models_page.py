@@ -21,8 +21,9 @@ from django.template.loader import render_to_string
 
 from dashboard.access import is_staff, login_needed
 from dashboard.model_watch import ModelFacts, watch_of
-from scheduler import runtime
+from scheduler.runtime import Runtime
 from web.errors import login_required as login_required_response
+from web.runtime import runtime_of
 
 FAILED = "failed"
 
@@ -32,9 +33,8 @@ def _group(router: Any, model: str) -> str:
     return group_of(model).name if group_of is not None else getattr(router, "kind", "")
 
 
-def model_rows() -> dict[str, Any]:
+def model_rows(rt: Runtime) -> dict[str, Any]:
     """The page's data: ``{"models": [...], "peers": [...], "loaded": n}``."""
-    rt = runtime.current()
     config, dispatcher = rt.config, rt.dispatcher
     states = dispatcher.model_states()
     timers = dispatcher.model_timers()
@@ -89,7 +89,7 @@ async def models_page(request: HttpRequest) -> HttpResponse:
     user, refusal = await _refusal(request)
     if refusal is not None:
         return refusal
-    data = model_rows()  # on the loop: the dispatcher's thread
+    data = model_rows(runtime_of(request))  # on the loop: the dispatcher's thread
     staff = is_staff(user)
     context = {"nav": "models", "data": data, "staff": staff, "csrf": get_token(request)}
     html = await sync_to_async(render_to_string)("dashboard/models.html", context, request=request)
@@ -101,4 +101,4 @@ async def models_feed(request: HttpRequest) -> HttpResponse:
     user = await request.auser()
     if login_needed(request, user):
         return login_required_response()
-    return JsonResponse(model_rows())
+    return JsonResponse(model_rows(runtime_of(request)))

@@ -17,17 +17,18 @@ from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 
 from dashboard.access import is_staff, login_required
-from scheduler import runtime
 from scheduler.core.priority import BANDS
+from web.runtime import runtime_of
 
 
 async def playground(request: HttpRequest) -> HttpResponse:
     """GET /playground/."""
-    if login_required():
+    rt = runtime_of(request)
+    if login_required(rt):
         user = await request.auser()
         if not is_staff(user):
             return redirect_to_login(request.get_full_path())
-    config = runtime.current().config
+    config = rt.config
     models = [
         {"id": m.id, "progress": m.send_loading_state}
         for m in config.models.values()

@@ -28,9 +28,10 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from scheduler import runtime
 from scheduler.keys import Scope, missing_scope_message
+from scheduler.runtime import Runtime
 from web.errors import cross_origin_refused, echo, error_page, error_response
+from web.runtime import runtime_of
 
 log = logging.getLogger("llamaswap.settings")
 
@@ -42,11 +43,10 @@ class UnknownProfile(LookupError):
     pass
 
 
-async def switch(name: str, who: str) -> tuple[str, str]:
-    """Make ``name`` ("" none) the active profile; record the change. Returns (old, new).
-    Raises :class:`UnknownProfile`. A database that is away costs the audit row (logged),
-    never the switch."""
-    rt = runtime.current()
+async def switch(rt: Runtime, name: str, who: str) -> tuple[str, str]:
+    """Make ``name`` ("" none) the active profile of ``rt``; record the change. Returns
+    (old, new). Raises :class:`UnknownProfile`. A database that is away costs the audit
+    row (logged), never the switch."""
     if name and name not in rt.config.profiles:
         raise UnknownProfile(name)
     old = rt.profile
@@ -77,8 +77,7 @@ def _audit(who: str, old: str, new: str) -> None:
     )
 
 
-def profiles_state() -> dict[str, Any]:
-    rt = runtime.current()
+def profiles_state(rt: Runtime) -> dict[str, Any]:
     return {
         "active": rt.profile or None,
         "profiles": [
@@ -95,7 +94,7 @@ async def profiles_api(request: HttpRequest) -> HttpResponse:
 
     if (refusal := await api_refusal(request)) is not None:
         return refusal
-    return JsonResponse(profiles_state())
+    return JsonResponse(profiles_state(runtime_of(request)))
 
 
 @csrf_exempt  # no session is needed or trusted here: a key, or no keys; cross-site refused
@@ -109,9 +108,13 @@ async def active_profile_api(request: HttpRequest) -> HttpResponse:
     try:
         body = json.loads(request.body)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        return error_response(400, "invalid profile request: expected a JSON object", code="invalid_json")
+        return error_response(
+            400, "invalid profile request: expected a JSON object", code="invalid_json"
+        )
     if not isinstance(body, dict):
-        return error_response(400, "invalid profile request: expected a JSON object", code="invalid_json")
+        return error_response(
+            400, "invalid profile request: expected a JSON object", code="invalid_json"
+        )
     if "name" not in body:
         return error_response(400, "profile name is required", code="missing_name", param="name")
     name = body["name"]
@@ -133,15 +136,18 @@ async def active_profile_api(request: HttpRequest) -> HttpResponse:
         user = await request.auser()
         if user.is_active and user.is_staff:
             who = f"{user.get_username()} (API)"
-        elif runtime.current().keys.enabled:  # not reached: the router asks for a key first
-            return error_response(401, "an API key or a staff login is needed", code="invalid_api_key")
+        elif runtime_of(request).keys.enabled:  # not reached: the router asks for a key first
+            return error_response(
+                401, "an API key or a staff login is needed", code="invalid_api_key"
+            )
         else:
             who = "API (no API keys configured)"
+    rt = runtime_of(request)
     try:
-        await switch(name or "", who)
+        await switch(rt, name or "", who)
     except UnknownProfile:
         return error_response(404, f"profile {echo(name)} not found", code="profile_not_found")
-    return JsonResponse({"active": runtime.current().profile or None})
+    return JsonResponse({"active": rt.profile or None})
 
 
 async def profile_control(request: HttpRequest) -> HttpResponse:
@@ -155,7 +161,7 @@ async def profile_control(request: HttpRequest) -> HttpResponse:
         return await page(request, 405, "switch the profile with the form on the dashboard")
     name = request.POST.get("profile", "")
     try:
-        await switch(name, f"{user.get_username()} (dashboard)")
+        await switch(runtime_of(request), name, f"{user.get_username()} (dashboard)")
     except UnknownProfile:
         return await page(request, 404, f"there is no profile {echo(name)}")
     return HttpResponseRedirect("/dashboard/")

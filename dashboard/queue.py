@@ -31,14 +31,15 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 
 from dashboard.access import api_refusal, login_needed
-from scheduler import runtime
 from scheduler.core.estimate import WaitEstimator, spreads, wait_range
 from scheduler.core.priority import BANDS, band_of
 from web.cancel import CancelOutcome, cancel_request
 from web.errors import echo, error_response
+from web.runtime import maybe_runtime_of
 
 if TYPE_CHECKING:
     from scheduler.dispatcher import Dispatcher, Ticket
+    from scheduler.runtime import Runtime
 
 log = logging.getLogger("llamaswap.dashboard")
 
@@ -332,16 +333,18 @@ def status(dispatcher: Dispatcher, request_id: str) -> dict[str, Any] | None:
     return row
 
 
-def may_cancel(user: Any) -> bool:
+def may_cancel(user: Any, rt: Runtime | None) -> bool:
     """Does the page show Cancel? To staff members, and to everyone on a box without API
     keys (``POST /api/inflight/{id}/cancel`` is open there, as in llama-swap)."""
     if getattr(user, "is_active", False) and getattr(user, "is_staff", False):
         return True
-    return not (runtime.is_running() and runtime.current().keys.enabled)
+    return not (rt is not None and rt.keys.enabled)
 
 
-def _dispatcher() -> Dispatcher | None:
-    return runtime.current().dispatcher if runtime.is_running() else None
+def dispatcher_of(request: HttpRequest) -> Dispatcher | None:
+    """The dispatcher of the server serving ``request`` (None: none runs)."""
+    rt = maybe_runtime_of(request)
+    return rt.dispatcher if rt is not None else None
 
 
 # -- views ---------------------------------------------------------------------------
@@ -357,7 +360,7 @@ async def queue_page(request: HttpRequest) -> HttpResponse:
         "bands": [b.value for b in BANDS],
         "page_size": PAGE_SIZE,
         "rank_limit": RANK_LIMIT,
-        "can_cancel": may_cancel(user),
+        "can_cancel": may_cancel(user, maybe_runtime_of(request)),
     }
     html = await sync_to_async(render_to_string)("dashboard/queue.html", context, request=request)
     return HttpResponse(html)
@@ -371,7 +374,7 @@ async def queue_data(request: HttpRequest) -> HttpResponse:
         words, state, page = parse_query(request.GET)
     except BadQuery as exc:
         return error_response(400, str(exc), code="invalid_query")
-    dispatcher = _dispatcher()
+    dispatcher = dispatcher_of(request)
     if dispatcher is None:
         return JsonResponse({"offline": True, "rows": [], "matched": 0, "pages": 1, "page": 1})
     return JsonResponse(table(dispatcher, words, state, page))
@@ -382,7 +385,7 @@ async def request_status(request: HttpRequest, request_id: str) -> HttpResponse:
     estimate), or ``{"in_flight": false, "recorded": ...}`` once it has ended."""
     if (refusal := await api_refusal(request)) is not None:
         return refusal
-    dispatcher = _dispatcher()
+    dispatcher = dispatcher_of(request)
     found = None if dispatcher is None else status(dispatcher, request_id)
     if found is not None:
         return JsonResponse(found)
@@ -402,7 +405,7 @@ async def cancel_view(request: HttpRequest, request_id: str) -> HttpResponse:
     the change log. ``{"msg": "ok", "was": "waiting" | "running"}``, 404 when no such
     request is in flight."""
     user = await request.auser()
-    if not may_cancel(user):
+    if not may_cancel(user, maybe_runtime_of(request)):
         return error_response(
             403, "only a staff member may cancel requests from the dashboard", code="forbidden"
         )
@@ -469,16 +472,16 @@ def lines_around(
     return out[-LOG_LINES:]
 
 
-async def log_lines_around(model: str, at: float) -> list[dict[str, Any]]:
+async def log_lines_around(
+    dispatcher: Dispatcher | None, model: str, at: float
+) -> list[dict[str, Any]]:
     """The in-memory log's lines of ``model`` around ``at`` (read on the event loop, where
     the buffer is written): what the request page shows under a failure."""
-    dispatcher = _dispatcher()
     if dispatcher is None:
         return []
     return lines_around(dispatcher.logs.since(0), model, at)
 
 
-async def status_on_loop(request_id: str) -> dict[str, Any] | None:
+async def status_on_loop(dispatcher: Dispatcher | None, request_id: str) -> dict[str, Any] | None:
     """:func:`status` for a sync view (through ``async_to_sync``: on the server's loop)."""
-    dispatcher = _dispatcher()
     return None if dispatcher is None else status(dispatcher, request_id)

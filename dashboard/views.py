@@ -26,7 +26,9 @@ from dashboard.explain import explain
 from dashboard.filters import BadFilter, parse_when, parse_zone
 from dashboard.snapshot import access_block
 from scheduler.core.priority import BANDS
+from scheduler.runtime import Runtime
 from web.errors import echo
+from web.runtime import maybe_runtime_of
 
 PAGE_SIZE = 50
 
@@ -37,7 +39,7 @@ async def dashboard(request: HttpRequest) -> HttpResponse:
     if login_needed(request, user):
         return redirect_to_login(request.get_full_path())
     snapshot = live.current_snapshot()  # on the loop: the dispatcher's thread
-    access = await sync_to_async(access_state)()
+    access = await sync_to_async(access_state)(maybe_runtime_of(request))
     html = await sync_to_async(render_to_string)(
         "dashboard/index.html",
         {"snap": snapshot, "nav": "dashboard", "access": access},
@@ -46,9 +48,10 @@ async def dashboard(request: HttpRequest) -> HttpResponse:
     return HttpResponse(html)
 
 
-def access_state() -> dict[str, Any]:
-    """Open or keyed, from the running key ring (else the stored state), and the admin's
-    access control row: since when, by whom (one indexed row; a worker thread)."""
+def access_state(rt: Runtime | None) -> dict[str, Any]:
+    """Open or keyed, from the key ring of the server ``rt`` (else the stored state), and
+    the admin's access control row: since when, by whom (one indexed row; a worker
+    thread)."""
     from django.db import DatabaseError
 
     from control.models import AccessControl
@@ -57,7 +60,7 @@ def access_state() -> dict[str, Any]:
         row = AccessControl.objects.filter(pk=AccessControl.SINGLETON_PK).first()
     except DatabaseError:  # not migrated yet, or locked: the live dashboard still shows
         row = None
-    ring = live.access_now()
+    ring = live.access_now(rt)
     keyed = ring["keyed"] if ring is not None else bool(row and row.keys_required)
     since = row.changed_at.timestamp() if row is not None and row.changed_by else None
     return access_block(
@@ -185,7 +188,7 @@ def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
     """One request: its wait, and the jobs that ran before it and why each one won."""
     mine = None if "\x00" in request_id else _records().filter(request_id=request_id).first()
     if mine is None:
-        waiting = _waiting_now(request_id)
+        waiting = _waiting_now(request, request_id)
         if waiting is None:
             return render(
                 request,
@@ -204,7 +207,7 @@ def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
                 "nav": "queue",
                 "waiting": waiting,
                 "request_id": request_id,
-                "can_cancel": queue.may_cancel(request.user),
+                "can_cancel": queue.may_cancel(request.user, maybe_runtime_of(request)),
             },
         )
     end = mine.dispatched_at or mine.finished_at
@@ -231,22 +234,23 @@ def request_detail(request: HttpRequest, request_id: str) -> HttpResponse:
             "request_id": request_id,
             "wait_seconds": (mine.queue_wait_ms or 0) / 1000 if mine.dispatched_at else None,
             "total_seconds": mine.duration_ms / 1000,
-            "log_lines": _log_lines(mine) if mine.outcome == "failed" else [],
+            "log_lines": _log_lines(request, mine) if mine.outcome == "failed" else [],
         },
     )
 
 
-def _log_lines(record: Any) -> list[dict[str, Any]]:
+def _log_lines(request: HttpRequest, record: Any) -> list[dict[str, Any]]:
     """The failed request's model's log lines around its end (from the in-memory log,
     while it still has them)."""
     at = record.finished_at.timestamp()
-    return async_to_sync(queue.log_lines_around)(record.model, at)
+    dispatcher = queue.dispatcher_of(request)
+    return async_to_sync(queue.log_lines_around)(dispatcher, record.model, at)
 
 
-def _waiting_now(request_id: str) -> dict[str, Any] | None:
+def _waiting_now(request: HttpRequest, request_id: str) -> dict[str, Any] | None:
     """A request still in the queue or running has no record yet: show where it is (the
     page then follows it live: ``dashboard.queue.request_status``)."""
-    return async_to_sync(queue.status_on_loop)(request_id)
+    return async_to_sync(queue.status_on_loop)(queue.dispatcher_of(request), request_id)
 
 
 FAVICON = Path(__file__).resolve().parent / "static" / "dashboard" / "favicon.ico"

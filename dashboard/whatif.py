@@ -61,7 +61,9 @@ from scheduler.core.simulate import (
     simulate,
     table_rows,
 )
+from scheduler.runtime import Runtime
 from web.errors import echo
+from web.runtime import maybe_runtime_of
 
 log = logging.getLogger("llamaswap.whatif")
 
@@ -102,24 +104,22 @@ class WhatIf:
     """How long the computation took."""
 
 
-def current_settings() -> SchedulerSettings:
-    """The running dispatcher's settings (same process), else the stored ones."""
-    from scheduler import runtime
-
-    if runtime.is_running():
-        return runtime.current().dispatcher.settings
+def current_settings(rt: Runtime | None) -> SchedulerSettings:
+    """The settings of the server ``rt``'s dispatcher, else (None: none runs in this
+    process) the stored ones."""
+    if rt is not None:
+        return rt.dispatcher.settings
     return stored_settings() or SchedulerSettings()
 
 
-def running_box() -> dict[str, Any]:
-    """The running server's lanes and admission rules (groups or matrix, slots, limits,
+def running_box(rt: Runtime | None) -> dict[str, Any]:
+    """The server ``rt``'s lanes and admission rules (groups or matrix, slots, limits,
     bounds, ttl), so the replay runs the box as the dispatcher does; none outside one."""
-    from scheduler import runtime
     from scheduler.rules import rules_of
 
-    if not runtime.is_running():
+    if rt is None:
         return {}
-    config = runtime.current().dispatcher.config
+    config = rt.dispatcher.config
     return {"lanes": dict(config.lane_of), "rules": rules_of(config)}
 
 
@@ -128,14 +128,16 @@ def compute(
     until: datetime | None,
     candidates: Sequence[tuple[str, SchedulerSettings]],
     current: SchedulerSettings,
+    box: dict[str, Any] | None = None,
 ) -> WhatIf:
-    """Read the window and replay it (seconds for 100,000 rows: call it off the loop)."""
+    """Read the window and replay it (seconds for 100,000 rows: call it off the loop) on
+    ``box`` (:func:`running_box`; None: one lane, no rules)."""
     started = clock.perf_counter()
     rows, origin = history_rows(since, until)
     history = from_history(rows, current)
     loads = history.loads
 
-    box = running_box()
+    box = box or {}
 
     def run(settings: SchedulerSettings, label: str) -> SimResult:
         return simulate(history.trace, settings, loads, label=label, **box)
@@ -256,7 +258,11 @@ def _done(key: tuple[Any, ...], future: Future[WhatIf]) -> None:
             weight -= _weight(_cache.popitem(last=False)[1])
     log.info(
         "what-if replay done",
-        extra={"action": "whatif", "requests": result.requests, "seconds": round(result.seconds, 3)},
+        extra={
+            "action": "whatif",
+            "requests": result.requests,
+            "seconds": round(result.seconds, 3),
+        },
     )
 
 
@@ -465,7 +471,9 @@ def whatif(request: HttpRequest) -> HttpResponse:
         # The last day of the history (from its newest row: the same key while it runs).
         latest = RequestRecord.objects.aggregate(last=Max("arrived_at"))["last"]
         bounds["since"] = (latest or timezone.now()) - DEFAULT_WINDOW
-    current = current_settings()
+    rt = maybe_runtime_of(request)
+    current = current_settings(rt)
+    box = running_box(rt)  # on the request's thread: compute runs on another
     candidates: list[tuple[str, SchedulerSettings]] = []
     merged: list[str] = []  # identical candidates are replayed and drawn once
     for number, text in enumerate(form["candidates"], start=1):
@@ -503,7 +511,7 @@ def whatif(request: HttpRequest) -> HttpResponse:
         return render(request, "dashboard/whatif.html", context)
     key = (since, until, tuple(text for text, _ in candidates), repr(current.as_dict()), stamp)
     outcome = lookup_or_start(
-        key, lambda: compute(since, until, candidates, current), client_of(request)
+        key, lambda: compute(since, until, candidates, current, box), client_of(request)
     )
     if outcome is None:
         context.update(computing=True, refresh=REFRESH_SECONDS, records=stamp[0])

@@ -13,8 +13,10 @@ header against ``ALLOWED_HOSTS`` on every path, and the API key on API paths whe
 configured. Pages need a Django login then (``dashboard.access.login_required``).
 
 :func:`build_application` is the composition: it hands the running
-:class:`scheduler.runtime.Runtime` to the proxy handler. ``application`` is built on first
-use for the runtime installed then (``serve`` installs it before importing this).
+:class:`scheduler.runtime.Runtime` to the proxy handler and, in every connection's ASGI
+scope (HTTP and websocket), to the views and consumers (``web.runtime.runtime_of``).
+``application`` is built on first use for the runtime installed then (``serve`` installs
+it before importing this).
 """
 
 import gc
@@ -34,19 +36,22 @@ from scheduler import runtime  # noqa: E402
 from scheduler.runtime import Runtime  # noqa: E402
 from web.access import host_allowed  # noqa: E402
 from web.paths import PROXY_EXACT, PROXY_PREFIXES  # noqa: E402
+from web.runtime import carrying  # noqa: E402
 
 
 class PagesHandler(RefuseSuspicious):
     """Django's stock ASGI handler (middleware, signals) for the dashboard and admin."""
 
 
-def _refuse_websocket(app, proxy: ProxyHandler):
+def _refuse_websocket(app, proxy: ProxyHandler, serving: dict[str, Any]):
     """The websocket routes behind the same Host check (closed before the handshake: 403).
     ``/upstream/{model}/...`` goes to the model (``proxy.wsproxy``) behind the same
-    cross-site and API-key checks as its HTTP requests; anything else to ``app``."""
+    cross-site and API-key checks as its HTTP requests; anything else to ``app``. Each
+    connection's scope carries ``serving`` (the runtime, ``web.runtime``)."""
     from proxy import wsproxy
 
     async def guarded(scope, receive, send):
+        scope.update(serving)
         ok, _host = host_allowed(scope)
         refused = not ok
         if ok and wsproxy.wanted(scope):
@@ -69,8 +74,10 @@ def build_application(rt: Runtime | None) -> Any:
 
     pages = PagesHandler()
     proxy = ProxyHandler(rt)
+    serving = carrying(rt)  # what every connection's scope carries: the views' runtime
 
     async def http(scope, receive, send):
+        scope.update(serving)
         if scope["method"] == "OPTIONS":  # a browser's preflight, as llama-swap answers it
             await proxy.preflight(scope, send)
             return
@@ -89,7 +96,7 @@ def build_application(rt: Runtime | None) -> Any:
     except ImportError:
         pass
     else:
-        routes["websocket"] = _refuse_websocket(websocket_application, proxy)
+        routes["websocket"] = _refuse_websocket(websocket_application, proxy, serving)
     return ProtocolTypeRouter(routes)
 
 

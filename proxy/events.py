@@ -38,13 +38,15 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
 from proxy.views import render_capabilities
-from scheduler import proxylog, runtime
-from scheduler.dispatcher import Ticket, TicketState
+from scheduler import proxylog
+from scheduler.dispatcher import Dispatcher, Ticket, TicketState
 from scheduler.process import ModelState
+from scheduler.runtime import Runtime
 from web.errors import error_response
+from web.runtime import runtime_of
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -65,11 +67,13 @@ def frame(kind: str, data: Any) -> bytes:
 
 
 class Subscriber:
-    __slots__ = ("queue", "dropped")
+    __slots__ = ("queue", "dropped", "runtime")
 
-    def __init__(self) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self.queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_SIZE)
         self.dropped = False
+        self.runtime = runtime
+        """The server whose stream this is (its models are the ``modelStatus``)."""
 
 
 class EventHub:
@@ -81,10 +85,10 @@ class EventHub:
 
     # -- subscribers ----------------------------------------------------------------------
 
-    def subscribe(self) -> Subscriber | None:
+    def subscribe(self, runtime: Runtime) -> Subscriber | None:
         if len(self.subscribers) >= MAX_SUBSCRIBERS:
             return None
-        subscriber = Subscriber()
+        subscriber = Subscriber(runtime)
         self.subscribers.add(subscriber)
         return subscriber
 
@@ -117,9 +121,16 @@ class EventHub:
         pass
 
     def _send_models(self) -> None:
+        """Each subscriber its server's ``modelStatus`` (built once per server: one, but
+        for tests running several in turn)."""
         self._models_pending = False
-        if self.subscribers and runtime.is_running():
-            self.publish(frame("modelStatus", model_status()))
+        built: dict[int, bytes] = {}
+        for subscriber in tuple(self.subscribers):
+            message = built.get(id(subscriber.runtime))
+            if message is None:
+                message = frame("modelStatus", model_status(subscriber.runtime))
+                built[id(subscriber.runtime)] = message
+            offer(subscriber, message)
 
 
 def offer(subscriber: Subscriber, message: bytes) -> None:
@@ -146,8 +157,7 @@ def hub() -> EventHub:
 # -- payloads ------------------------------------------------------------------------------
 
 
-def model_status() -> list[dict[str, Any]]:
-    rt = runtime.current()
+def model_status(rt: Runtime) -> list[dict[str, Any]]:
     states = rt.dispatcher.model_states()
     models: list[dict[str, Any]] = []
     for model_id in sorted(rt.config.models):
@@ -205,8 +215,7 @@ def entry(ticket: Ticket, now: float | None = None) -> dict[str, Any]:
     }
 
 
-def inflight_snapshot() -> dict[str, Any]:
-    dispatcher = runtime.current().dispatcher
+def inflight_snapshot(dispatcher: Dispatcher) -> dict[str, Any]:
     now = time.time()
     running = [t for t in dispatcher.in_flight() if t.state is not TicketState.DONE]
     waiting = itertools.islice(dispatcher.queue_views()[0].values(), SNAPSHOT_WAITING)
@@ -217,20 +226,21 @@ def inflight_snapshot() -> dict[str, Any]:
     )
 
 
-def profile() -> dict[str, Any]:
-    return {"active": runtime.current().profile or None}
+def profile(rt: Runtime) -> dict[str, Any]:
+    return {"active": rt.profile or None}
 
 
 # -- the view ------------------------------------------------------------------------------
 
 
-async def events(request: HttpRequest) -> HttpResponse:
+async def events(request: HttpRequest) -> HttpResponseBase:
     """GET /api/events: the stream (see the module's doc)."""
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     if request.method == "HEAD":
         return HttpResponse(content_type="text/event-stream", headers=headers)
     the_hub = hub()
-    subscriber = the_hub.subscribe()
+    rt = runtime_of(request)
+    subscriber = the_hub.subscribe(rt)
     if subscriber is None:
         return error_response(
             503,
@@ -244,7 +254,7 @@ async def events(request: HttpRequest) -> HttpResponse:
 
 
 async def _stream(the_hub: EventHub, subscriber: Subscriber) -> AsyncIterator[bytes]:
-    rt = runtime.current()
+    rt = subscriber.runtime
     pumps: list[asyncio.Task[None]] = []
     try:
         first = [
@@ -259,10 +269,10 @@ async def _stream(the_hub: EventHub, subscriber: Subscriber) -> AsyncIterator[by
                     "data": rt.dispatcher.logs.history().decode(errors="replace"),
                 },
             ),
-            frame("modelStatus", model_status()),
+            frame("modelStatus", model_status(rt)),
             frame("uiConfig", UI_CONFIG),
-            frame("profileChanged", profile()),
-            frame("inflight", inflight_snapshot()),
+            frame("profileChanged", profile(rt)),
+            frame("inflight", inflight_snapshot(rt.dispatcher)),
         ]
         yield b"".join(first)
         for source, buffer in (("proxy", proxylog.proxy_log), ("upstream", rt.dispatcher.logs)):
@@ -274,10 +284,12 @@ async def _stream(the_hub: EventHub, subscriber: Subscriber) -> AsyncIterator[by
                 message = await asyncio.wait_for(subscriber.queue.get(), TICK)
             except TimeoutError:
                 idle += TICK
-                now = (runtime.current().profile, runtime.current().config)
+                now = (rt.profile, rt.config)
                 if now != seen:  # a profile switch or a reload
                     seen = now
-                    yield frame("profileChanged", profile()) + frame("modelStatus", model_status())
+                    yield frame("profileChanged", profile(rt)) + frame(
+                        "modelStatus", model_status(rt)
+                    )
                     idle = 0.0
                 elif idle >= KEEPALIVE:
                     idle = 0.0

@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 
-from scheduler import proxylog, runtime
+from scheduler import proxylog
 from scheduler.logbuffer import LogBuffer
 from web.errors import echo, error_response
+from web.runtime import runtime_of
 
 _TEXT = "text/plain; charset=utf-8"
 
@@ -60,13 +61,13 @@ def combined_history(upstream: LogBuffer, proxy: LogBuffer) -> bytes:
 
 async def logs(request: HttpRequest) -> HttpResponse:
     """GET /logs: the combined log as text."""
-    text = combined_history(runtime.current().dispatcher.logs, proxylog.proxy_log)
+    text = combined_history(runtime_of(request).dispatcher.logs, proxylog.proxy_log)
     return HttpResponse(text, content_type="text/plain")
 
 
 async def logs_stream(request: HttpRequest) -> HttpResponseBase:
     """GET /logs/stream and /logs/stream/upstream: every model's output."""
-    return stream(request, runtime.current().dispatcher.logs)
+    return stream(request, runtime_of(request).dispatcher.logs)
 
 
 async def proxy_stream(request: HttpRequest) -> HttpResponseBase:
@@ -76,7 +77,8 @@ async def proxy_stream(request: HttpRequest) -> HttpResponseBase:
 
 async def model_stream(request: HttpRequest, model_name: str) -> HttpResponseBase:
     """GET /logs/stream/{model}: one model's output (a name or an alias; 404 otherwise)."""
-    model = runtime.current().config.resolve(model_name)
+    rt = runtime_of(request)
+    model = rt.config.resolve(model_name)
     if model is None:
         return error_response(404, f"model {echo(model_name)} not found", code="model_not_found")
-    return stream(request, runtime.current().dispatcher.logs, model.id)
+    return stream(request, rt.dispatcher.logs, model.id)

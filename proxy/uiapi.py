@@ -16,12 +16,12 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonRes
 from django.views.decorators.csrf import csrf_exempt
 
 from proxy import hardware
-from scheduler import runtime
-from scheduler.config import ModelConfig
+from scheduler.config import Config, ModelConfig
 from scheduler.keys import Scope
 from web.access import cross_origin
 from web.cancel import CancelOutcome, cancel_request, key_of
 from web.errors import cross_origin_refused, echo, error_response
+from web.runtime import runtime_of
 
 _SECRET_FLAG = re.compile(r"^--?[\w-]*(key|token|secret|passw(or)?d)$", re.IGNORECASE)
 """A command-line flag whose value is a credential (``--api-key``, ``--hf-token``)."""
@@ -53,10 +53,12 @@ def shown_cmd(model: ModelConfig) -> str:
     return shlex.join(words)
 
 
-def running_record(model_id: str, state: str, extra: dict[str, Any]) -> dict[str, Any]:
+def running_record(
+    config: Config, model_id: str, state: str, extra: dict[str, Any]
+) -> dict[str, Any]:
     """One ``/running`` record: llama-swap's keys (``model``, ``state``, ``cmd``,
     ``proxy``, ``ttl``, ``name``, ``description``) then ours (``lane``)."""
-    model = runtime.current().config.models.get(model_id)
+    model = config.models.get(model_id)
     record: dict[str, Any] = {"model": model_id, "state": state}
     if model is not None:
         record.update(
@@ -72,13 +74,15 @@ def running_record(model_id: str, state: str, extra: dict[str, Any]) -> dict[str
 
 async def running(request: HttpRequest) -> HttpResponse:
     """GET /running: every model not stopped, sorted by id, as llama-swap lists them."""
+    rt = runtime_of(request)
     records = [
         running_record(
+            rt.config,
             entry["model"],
             entry["state"],
             {k: v for k, v in entry.items() if k not in ("model", "state")},
         )
-        for entry in runtime.current().dispatcher.running_models()
+        for entry in rt.dispatcher.running_models()
     ]
     records.sort(key=lambda record: record["model"])
     return JsonResponse({"running": records})

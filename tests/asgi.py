@@ -23,6 +23,7 @@ from scheduler.config import Config
 from scheduler.dispatcher import Dispatcher, Outcome
 from scheduler.keys import KeyRing
 from scheduler.testing import FakeProcessFactory
+from web.runtime import carrying
 
 
 def http_scope(
@@ -149,6 +150,18 @@ async def in_process(
         await dispatcher.stop(grace=0)
         await upstreams.aclose()
         runtime.install(None)
+
+
+def served_client(rt: runtime.Runtime, **options):
+    """Django's ``AsyncClient`` whose requests carry ``rt`` in their scope, as the router
+    of ``build_application`` hands it to the views (``web.runtime``)."""
+    from django.test import AsyncClient
+
+    class Served(AsyncClient):
+        async def request(self, **request):
+            return await super().request(**request, **carrying(rt))
+
+    return Served(**options)
 
 
 class Body(httpx.AsyncByteStream):

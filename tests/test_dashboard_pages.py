@@ -149,7 +149,7 @@ def test_a_running_request_is_shown_as_running_not_missing(client, monkeypatch):
         "in_flight": True,
     }
 
-    async def status(request_id):
+    async def status(dispatcher, request_id):
         return row if request_id == "busy-1" else None
 
     monkeypatch.setattr(queue, "status_on_loop", status)

@@ -15,7 +15,8 @@ import pytest
 from scheduler import runtime
 from scheduler.config import parse_config
 from scheduler.keys import ApiKey, KeyRing, Scope
-from tests.asgi import Body, Call, in_process
+from tests.asgi import Body, Call, in_process, served_client
+from web.runtime import carrying
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -278,14 +279,14 @@ async def _session_cookie(name: str, staff: bool) -> tuple[bytes, bytes]:
 async def test_the_dashboard_control_switches_for_staff_only():
     from django.contrib.auth.models import User
     from django.template import RequestContext, Template
-    from django.test import AsyncClient, RequestFactory
+    from django.test import RequestFactory
 
     from control.models import SettingsChange
 
-    async with in_process(config(), transport=Recording()):
+    async with in_process(config(), transport=Recording()) as world:
         staff = await User.objects.acreate_user("boss", password="pw-boss-boss", is_staff=True)
         plain = await User.objects.acreate_user("someone", password="pw-some-some")
-        client = AsyncClient()
+        client = served_client(world.runtime)
         await client.aforce_login(plain)
         response = await client.post("/dashboard/profile/", {"profile": "coding"})
         assert response.status_code == 302 and "/login/" in response["Location"]
@@ -300,7 +301,7 @@ async def test_the_dashboard_control_switches_for_staff_only():
         assert runtime.current().profile == ""
 
         # The include: a form for staff, the state for others.
-        request = RequestFactory().get("/dashboard/")
+        request = RequestFactory(**carrying(world.runtime)).get("/dashboard/")
         request.user = staff
         html = Template("{% load profile_control %}{% profile_control %}").render(
             RequestContext(request, {})

@@ -11,6 +11,8 @@ import httpx
 import pytest
 
 from proxy import events
+from scheduler.config import Config
+from scheduler.runtime import Runtime
 from tests.server import chat, fake_model, free_port_block, serve
 
 
@@ -28,6 +30,10 @@ def parse(raw: bytes) -> list[tuple[str, object]]:
     return out
 
 
+RT = Runtime(Config(models={}), dispatcher=None, upstreams=None)  # type: ignore[arg-type]
+"""The server a bare hub's subscribers are served by (nothing of it is read here)."""
+
+
 def test_frame_is_llama_swaps_envelope():
     raw = events.frame("profileChanged", {"active": None})
     assert raw == b'event:message\ndata:{"type":"profileChanged","data":"{\\"active\\":null}"}\n\n'
@@ -37,7 +43,7 @@ def test_frame_is_llama_swaps_envelope():
 def test_a_slow_subscriber_is_dropped_not_waited_for():
     async def scenario():
         hub = events.EventHub()
-        slow = hub.subscribe()
+        slow = hub.subscribe(RT)
         assert slow is not None
         for _ in range(events.QUEUE_SIZE + 5):
             hub.publish(b"x")
@@ -50,8 +56,8 @@ def test_a_slow_subscriber_is_dropped_not_waited_for():
 
 def test_subscribers_are_bounded():
     hub = events.EventHub()
-    subs = [hub.subscribe() for _ in range(events.MAX_SUBSCRIBERS)]
-    assert all(subs) and hub.subscribe() is None
+    subs = [hub.subscribe(RT) for _ in range(events.MAX_SUBSCRIBERS)]
+    assert all(subs) and hub.subscribe(RT) is None
 
 
 def test_nothing_is_built_while_nobody_listens(monkeypatch):

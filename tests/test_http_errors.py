@@ -1,6 +1,6 @@
 """Every error is JSON and precise: a table of bad requests through the real ASGI app.
 
-In process: ``llamaswap_site.asgi.application`` driven with raw ASGI messages (the way
+In process: ``llamaswap_site.asgi.build_application(rt)`` driven with raw ASGI messages (the way
 daphne sends them), over a dispatcher with fake model processes and a mock model that
 always answers 200. Then one real server (daphne) for what never reaches the app:
 malformed HTTP, answered by ``llamaswap_site.http_server``.
@@ -139,14 +139,15 @@ class App:
 
 
 async def start_app() -> App:
-    from llamaswap_site.asgi import application
+    from llamaswap_site.asgi import build_application
 
     config = make_config()
     dispatcher = Dispatcher(config, process_factory=FakeProcessFactory())
     upstreams = Upstreams(size=1, transport=httpx.MockTransport(mock_model))
-    runtime.install(runtime.Runtime(config=config, dispatcher=dispatcher, upstreams=upstreams))
+    rt = runtime.Runtime(config=config, dispatcher=dispatcher, upstreams=upstreams)
+    runtime.install(rt)
     await dispatcher.start()
-    return App(dispatcher=dispatcher, application=application)
+    return App(dispatcher=dispatcher, application=build_application(rt))
 
 
 async def stop_app(app: App) -> None:

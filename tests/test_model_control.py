@@ -10,9 +10,10 @@ import pytest
 
 from dashboard import logs_page, model_control, model_watch, models_page
 from dashboard.model_watch import ModelWatch
-from scheduler import proxylog, runtime
+from scheduler import proxylog
 from scheduler.logbuffer import LogBuffer
 from scheduler.process import ModelStartError
+from scheduler.runtime import Runtime
 from scheduler.testing import FakeProcessFactory
 from scheduler.tickets import Outcome
 from tests.helpers import granted, make_config, until
@@ -24,7 +25,8 @@ CAUSE = "could not run '/nonexistent/llama-server': No such file or directory"
 
 @pytest.fixture
 async def box(dispatchers):
-    """A running dispatcher (models ok, with a 60 s ttl, and bad) installed as the runtime."""
+    """A running dispatcher (models ok, with a 60 s ttl, and bad); :func:`_rt` is the
+    server's runtime around it, handed to what is tested."""
     factory = FakeProcessFactory()
     factory.configure("bad", start_error=CAUSE)
     now = [1000.0]
@@ -34,33 +36,35 @@ async def box(dispatchers):
     )
     watch = ModelWatch(wall=lambda: 5.0)
     d = await dispatchers(config, process_factory=factory, clock=lambda: now[0], observers=[watch])
-    runtime.install(runtime.Runtime(config=config, dispatcher=d, upstreams=None))
     yield d, factory, now, watch
-    runtime.install(None)
 
 
-def _row(model: str) -> dict:
-    return next(r for r in models_page.model_rows()["models"] if r["id"] == model)
+def _rt(d) -> Runtime:
+    return Runtime(config=d.config, dispatcher=d, upstreams=None)  # type: ignore[arg-type]
+
+
+def _row(d, model: str) -> dict:
+    return next(r for r in models_page.model_rows(_rt(d))["models"] if r["id"] == model)
 
 
 async def test_rows_show_state_slots_load_and_a_failed_start_with_its_cause(box):
     d, _factory, now, watch = box
     ok = d.submit(d.config.models["ok"], 0, "1", "/v1/chat/completions")
     await granted(ok)
-    row = _row("ok")
+    row = _row(d, "ok")
     assert (row["state"], row["running"], row["slots"], row["ready_at"]) == ("ready", 1, 1, 5.0)
     d.finish(ok, Outcome.COMPLETED, 200)
-    await until(lambda: _row("ok")["load_seconds"] is not None)  # from the finished request
-    await until(lambda: _row("ok")["running"] == 0)
+    await until(lambda: _row(d, "ok")["load_seconds"] is not None)  # from the finished request
+    await until(lambda: _row(d, "ok")["running"] == 0)
 
     bad = d.submit(d.config.models["bad"], 0, "2", "/v1/chat/completions")
     with pytest.raises(ModelStartError):
         await granted(bad)
-    row = _row("bad")
+    row = _row(d, "bad")
     assert row["state"] == "failed" and row["failure"] == CAUSE  # while it cools down
     await until(lambda: watch.facts.get("bad") is not None)  # the observers are told after
     now[0] += 10  # past startFailureCooldown (5 s): stopped, the cause kept as the last one
-    row = _row("bad")
+    row = _row(d, "bad")
     assert row["state"] == "stopped" and row["failure"] == CAUSE
 
 
@@ -74,19 +78,20 @@ async def test_idle_and_ttl_left_count_from_the_end_of_the_last_request(box):
     now[0] += 15
     idle, ttl_left, cause = d.model_timers()["ok"]
     assert (round(idle), round(ttl_left), cause) == (15, 45, None)
-    assert (_row("ok")["idle_seconds"], _row("ok")["ttl_left"]) == (15.0, 45.0)
+    assert (_row(d, "ok")["idle_seconds"], _row(d, "ok")["ttl_left"]) == (15.0, 45.0)
 
 
 async def test_load_retries_during_the_cool_down_and_says_why(box):
     d, factory, _now, watch = box
-    assert await model_control.load("ok", "test") is None
-    assert watch.facts["ok"].load_seconds is not None and _row("ok")["state"] == "ready"
-    assert await model_control.load("bad", "test") == CAUSE
-    assert await model_control.load("bad", "test") == CAUSE  # cooling down: tried anyway
+    rt = _rt(d)
+    assert await model_control.load(rt, "ok", "test") is None
+    assert watch.facts["ok"].load_seconds is not None and _row(d, "ok")["state"] == "ready"
+    assert await model_control.load(rt, "bad", "test") == CAUSE
+    assert await model_control.load(rt, "bad", "test") == CAUSE  # cooling down: tried anyway
     assert factory.journal.count(("start", "bad")) == 2
     assert watch.facts["bad"].failure == CAUSE
     with pytest.raises(model_control.UnknownModel):
-        await model_control.load("nope", "test")
+        await model_control.load(rt, "nope", "test")
 
 
 def test_the_watch_is_bounded():
@@ -123,12 +128,12 @@ def test_the_logs_feed_merges_both_buffers_in_order_and_is_bounded(box):
     d.logs.write("ok", b"model says hi")
     proxylog.proxy_log.write("ok", b"2026-12-02T07:30:01.123Z [error] it broke x=1")
     d.logs.write("ok", b"model says bye")
-    out = logs_page.feed(0)
+    out = logs_page.feed(d.logs, 0)
     tail = [(line["source"], line["level"], line["text"]) for line in out["lines"][-3:]]
     assert tail == [
         ("upstream", "output", "model says hi"),
         ("proxy", "error", "it broke x=1"),
         ("upstream", "output", "model says bye"),
     ]
-    assert logs_page.feed(out["last"])["lines"] == []
-    assert len(logs_page.feed(0, limit=2)["lines"]) == 2
+    assert logs_page.feed(d.logs, out["last"])["lines"] == []
+    assert len(logs_page.feed(d.logs, 0, limit=2)["lines"]) == 2

@@ -13,13 +13,14 @@ register = template.Library()
 @register.inclusion_tag("dashboard/_profile_control.html", takes_context=True)
 def profile_control(context: template.Context) -> dict[str, Any]:
     from dashboard.profiles import profiles_state
-    from scheduler import runtime
+    from web.runtime import maybe_runtime_of
 
-    if not runtime.is_running():
-        return {"profiles": []}
     request = context.get("request")
+    rt = maybe_runtime_of(request) if request is not None else None
+    if rt is None:
+        return {"profiles": []}
     user = getattr(request, "user", None)
-    state = profiles_state()
+    state = profiles_state(rt)
     return {
         **state,
         "staff": bool(user is not None and user.is_active and user.is_staff),
