@@ -1,9 +1,11 @@
 """The running server's shared objects: the config, the dispatcher, the upstream clients.
 
-The composition (``llamaswap_site``: the ``serve`` command) builds them and installs them
-here before daphne starts; views, consumers and the metrics collector read them. It is a
-holder, not a wiring: it lives in this lower layer so that nothing below
-``llamaswap_site`` has to import it. Tests that run the app in-process install their own.
+The composition (``llamaswap_site``: the ``serve`` command) builds them; its router
+(``build_application``) hands the runtime to every connection in its ASGI scope, where views
+and consumers read it (``web.runtime.runtime_of``). :func:`install` / :func:`current` remain
+for what has no request at hand: the metrics collector, admin hooks, the live observer's
+start and the composition root itself. It lives in this lower layer so that nothing below
+``llamaswap_site`` has to import it. Tests hand their own (``web.runtime.carrying``).
 """
 
 from __future__ import annotations
