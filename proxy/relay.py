@@ -1,7 +1,7 @@
 """Relay one scheduled request: take a turn, wait for it, send upstream, relay the answer.
 
 Every path ends the turn through :class:`proxy.turn.Turn` (closed by the lean handler, see
-``llamaswap_site/asgi.py``); this module only notes how each request ended. The per-chunk
+``proxy/handler.py``); this module only notes how each request ended. The per-chunk
 path does nothing but yield the upstream's bytes and keep a short tail for usage figures.
 
 Timeouts per model (``timeouts`` in the config; 0 disables one):
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections import deque
@@ -30,8 +31,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHt
 
 from proxy import progress as progress_mod
 from proxy.collector import collector
+from proxy.headers import forward_headers, response_headers
 from proxy.turn import Turn
-from proxy.upstream import Upstreams, forward_headers, response_headers
 from proxy.usage import Tally
 from scheduler import runtime
 from scheduler.config import ModelConfig
@@ -39,6 +40,7 @@ from scheduler.core.priority import HEADER, parse_priority
 from scheduler.dispatcher import Outcome, Refused, Ticket
 from scheduler.keys import ApiKey
 from scheduler.process import ModelStartError
+from scheduler.runtime import UpstreamPool
 from web import cancel, captures
 from web.errors import REQUEST_ID_HEADER, error_body, error_response
 
@@ -46,7 +48,7 @@ log = logging.getLogger("llamaswap.proxy")
 
 PRIORITY_META = "HTTP_" + HEADER.upper().replace("-", "_")
 STREAM_TAIL = 4096
-"""Bytes of a stream's end kept to read usage and timings from (see :func:`_stream`)."""
+"""Bytes of a stream's end kept to read usage and timings from (see :func:`stream_answer`)."""
 HEALTH_PROBE_TIMEOUT = 5.0
 WRITE_TIMEOUT = 60.0
 
@@ -69,7 +71,7 @@ async def relay(
     try:
         # Built before the request takes a turn: a path that is no valid URL is the
         # caller's mistake and costs nobody the GPU.
-        url = httpx.URL(model.proxy.rstrip("/") + path + (f"?{query}" if query else ""))
+        url = upstream_url(model.proxy, path, query)
     except (httpx.InvalidURL, ValueError) as exc:
         return error_response(
             400, f"invalid path: {exc}", code="invalid_path", request_id=request_id
@@ -125,6 +127,28 @@ async def relay(
         )
 
 
+URL_CACHE_SIZE = 256
+URL_CACHE_MAX_CHARS = 512
+"""Upstream URLs are kept parsed (``httpx.URL`` parses and quotes: ~30 µs a request), up
+to this many, for a path and query this short at most: a client's longer or rarer ones
+are parsed each time, so the cache stays bounded (~0.3 MB) whatever clients send."""
+
+
+def upstream_url(base: str, path: str, query: str) -> httpx.URL:
+    """The model's URL for ``path`` and ``query`` (``httpx.InvalidURL`` or ``ValueError``
+    when it is none). ``httpx.URL`` is immutable, so requests share one."""
+    if len(path) + len(query) > URL_CACHE_MAX_CHARS:
+        return _parse_url(base, path, query)
+    return _cached_url(base, path, query)
+
+
+def _parse_url(base: str, path: str, query: str) -> httpx.URL:
+    return httpx.URL(base.rstrip("/") + path + (f"?{query}" if query else ""))
+
+
+_cached_url = functools.lru_cache(maxsize=URL_CACHE_SIZE)(_parse_url)
+
+
 async def _answer(
     request: HttpRequest,
     turn: Turn,
@@ -135,7 +159,6 @@ async def _answer(
     scope: Any,
 ) -> HttpResponseBase:
     """The request's turn: wait for it, send the request to the model, relay the answer."""
-    ticket = turn.ticket
     try:
         await turn.wait()
     except ModelStartError as exc:
@@ -150,7 +173,9 @@ async def _answer(
     # (llama-swap has no model key to send instead). Without keys it passes, as in
     # llama-swap (a llama-server started with --api-key). The dashboard's cookies never.
     credentials = not runtime.current().keys.enabled
-    headers = forward_headers(scope["headers"], credentials=credentials) if scope is not None else []
+    headers = (
+        forward_headers(scope["headers"], credentials=credentials) if scope is not None else []
+    )
     try:
         upstream = await _send(turn, request.method or "POST", url, headers, body)
     except ModelStartError as exc:  # restarted after it died at grant, and did not start
@@ -173,11 +198,20 @@ async def _answer(
     if captures.enabled(runtime.current().config):  # captureBuffer (web/captures.py)
         capture = _Capture(request_id, request.path, scope, body)
     body = b""  # the request body is no longer needed while the answer is relayed
+    return await relay_answer(turn, upstream, request_id, capture)
 
+
+async def relay_answer(
+    turn: Turn, upstream: httpx.Response, request_id: str, capture: _Capture | None = None
+) -> HttpResponseBase:
+    """The answer of ``upstream`` (a model's, or a peer's: proxy/peers.py) relayed to the
+    client: an event stream as it comes (:func:`stream_answer`), anything else read whole;
+    how it ended is noted on ``turn``."""
+    ticket, model = turn.ticket, turn.ticket.model
     status = upstream.status_code
     content_type = upstream.headers.get("content-type", "")
     if content_type.startswith("text/event-stream"):
-        return event_stream(_stream(turn, upstream, capture), upstream, request_id, lean=True)
+        return event_stream(stream_answer(turn, upstream, capture), upstream, request_id, lean=True)
 
     try:
         content = b"".join([chunk async for chunk in upstream.aiter_raw()])
@@ -200,7 +234,7 @@ async def _answer(
     if capture is not None:
         capture.keep(upstream, [content])
     await turn.close()  # the GPU's part is done: the next request need not wait for the send
-    await hand_over()
+    await hand_over(turn)
     return whole_answer(content, upstream, request_id)
 
 
@@ -236,7 +270,7 @@ dispatcher's step (pick, grant), the wake-up of the granted view through ``Ticke
 shield, and that view's step up to the write."""
 
 
-async def hand_over() -> None:
+async def hand_over(turn: Turn) -> None:
     """Once a turn has ended, let the next one begin before this request's answer is sent.
 
     Ending the turn posts an event to the dispatcher; without this, the dispatcher runs
@@ -244,7 +278,11 @@ async def hand_over() -> None:
     handling and the write to the client, all while the model sits idle. A few loop turns
     let the dispatcher grant the next request and its view write to the model first
     (BENCHMARKS.md, "Dispatch gap at the model"); this client's answer waits that long.
-    With nothing waiting, it costs three empty loop turns."""
+    With no request waiting in the dispatcher's queue (a peer's request has none), nothing
+    is to be granted, and the answer goes out at once."""
+    queue = getattr(turn.dispatcher, "queue", None)
+    if queue is None or not queue:
+        return
     for _ in range(HAND_OVER_STEPS):
         await asyncio.sleep(0)
 
@@ -302,7 +340,7 @@ async def _send(
 
 
 async def _await_headers(
-    upstreams: Upstreams, request: httpx.Request, turn: Turn
+    upstreams: UpstreamPool, request: httpx.Request, turn: Turn
 ) -> httpx.Response:
     model = turn.ticket.model
     limit = model.timeouts.response_header
@@ -419,7 +457,7 @@ class _Capture:
         )
 
 
-async def _stream(
+async def stream_answer(
     turn: Turn, upstream: httpx.Response, capture: _Capture | None = None
 ) -> AsyncIterator[bytes]:
     """Relay the upstream's bytes as they arrive: no re-splitting, no parsing per chunk.
@@ -466,7 +504,9 @@ async def _stream(
         # The client is told why its stream stops (OpenAI's shape of an error event).
         by = cancel.cancelled_by(turn.ticket.request_id)
         message = f"request cancelled by {by} while it was being answered"
-        yield b"data: " + error_body(cancel.CANCELLED_STATUS, message, "request_cancelled") + b"\n\n"
+        yield (
+            b"data: " + error_body(cancel.CANCELLED_STATUS, message, "request_cancelled") + b"\n\n"
+        )
         return
     tail = b"".join(recent)[-STREAM_TAIL:]
     note_stream_usage(turn.ticket, tail, head)
@@ -474,7 +514,7 @@ async def _stream(
     if capture is not None:
         capture.keep(upstream, kept_all)
     await turn.close()
-    await hand_over()
+    await hand_over(turn)
 
 
 def note_usage(ticket: Ticket, content: bytes) -> None:

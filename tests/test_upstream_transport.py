@@ -252,3 +252,28 @@ async def test_upstreams_builds_what_the_client_would_and_probes_through_it():
         probe = await upstreams.client().get(server.url("/health"))
         assert probe.status_code == 200 and probe.content == b"ok"
     await upstreams.aclose()
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "body"),
+    [
+        ("POST", [(b"Content-Type", b"application/json"), (b"accept", b"text/plain")], b"{}"),
+        ("POST", [], b""),
+        ("put", [(b"X-Priority", b"batch")], b""),
+        ("GET", [(b"Accept-Encoding", b"br")], b""),
+        ("DELETE", [], b"x"),
+        ("POST", [(b"Host", b"model.example")], b"{}"),
+    ],
+)
+async def test_the_request_is_the_clients_header_for_header(method, headers, body):
+    """What the model receives is exactly what httpx's ``build_request`` would send: the
+    same headers in the same order (Host, the defaults, the caller's, the length)."""
+    upstreams = Upstreams()
+    url = httpx.URL("http://127.0.0.1:9/v1/chat/completions?x=1")
+    mine = upstreams.request(method, url, headers, body, {"connect": 1.0})
+    theirs = upstreams.client().build_request(method, url, headers=headers, content=body)
+    assert mine.method == theirs.method
+    assert mine.headers.raw == theirs.headers.raw
+    assert mine.content == theirs.content == body
+    assert mine.extensions == {"timeout": {"connect": 1.0}}
+    await upstreams.aclose()
