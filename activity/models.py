@@ -74,6 +74,10 @@ class RequestRecord(models.Model):
     node = models.CharField(max_length=64, blank=True, default=this_node)
     """The fleet node the client sent it to (it ran there, or on ``peer`` when placed on
     another node); empty on a single box."""
+    placement = models.CharField(max_length=500, blank=True, default="")
+    """Fleet mode: where it was placed and why ("sent to box-b: model loaded there, ...";
+    a node that went away before answering is named), as ``fleet.placing`` decided it;
+    empty when it was not placed (a single box, or a request another node placed here)."""
     path = models.CharField(max_length=255)
     priority = models.BigIntegerField()
     """The caller's priority (header value; signed 64-bit)."""

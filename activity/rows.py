@@ -59,7 +59,9 @@ def _int(value: Any) -> int | None:
     return int(value)
 
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+"""Version 2 added the fleet's placement decision (the last value); a journal of version 1
+written before an upgrade is still replayed (no placement)."""
 
 
 def snapshot(ticket: Ticket, settings: SchedulerSettings, finished: float) -> tuple[Any, ...]:
@@ -112,6 +114,7 @@ def snapshot(ticket: Ticket, settings: SchedulerSettings, finished: float) -> tu
         settings.swap_affinity_bonus,
         usage if isinstance(usage, dict) else None,
         timings if isinstance(timings, dict) else None,
+        str(extra.get("placement") or ""),
     )
 
 
@@ -122,7 +125,9 @@ def record_fields(ticket: Ticket, settings: SchedulerSettings, finished: float) 
 
 def snapshot_fields(snap: tuple[Any, ...]) -> dict[str, Any]:
     """The :class:`~activity.models.RequestRecord` fields of a :func:`snapshot`."""
-    if snap[0] != SNAPSHOT_VERSION:
+    if snap[0] == 1:  # journaled before placement was recorded
+        snap = (*snap, "")
+    elif snap[0] != SNAPSHOT_VERSION:
         raise ValueError(f"a record snapshot of version {snap[0]!r}")
     (
         _,
@@ -150,6 +155,7 @@ def snapshot_fields(snap: tuple[Any, ...]) -> dict[str, Any]:
         swap_affinity_bonus,
         usage,
         timings,
+        placement,
     ) = snap
 
     def wall(at: float | None) -> datetime | None:
@@ -162,6 +168,7 @@ def snapshot_fields(snap: tuple[Any, ...]) -> dict[str, Any]:
         "model": model[:255],
         "requested_model": requested_model[:255],
         "peer": peer[:255],
+        "placement": placement[:500],
         "path": path[:255],
         "priority": _int64(priority),
         "api_key": api_key[:64],

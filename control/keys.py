@@ -28,6 +28,7 @@ from django.db import DatabaseError, close_old_connections, transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
+from control import changes
 from control.models import AccessControl, IssuedKey, SettingsChange
 from scheduler import runtime
 from scheduler.keys import ApiKey, KeyRing, digest
@@ -102,6 +103,7 @@ def set_keys_required(
         )
     if follow:  # the running ring, once the change is committed
         transaction.on_commit(reload, robust=True)
+        transaction.on_commit(lambda: changes.changed("keys"), robust=True)  # other nodes
     return True
 
 
@@ -168,3 +170,4 @@ def _changed(sender: Any, **kwargs: Any) -> None:
     # After the commit: a rolled-back save must not reach the ring. Outside a transaction
     # this runs at once.
     transaction.on_commit(reload, robust=True)
+    transaction.on_commit(lambda: changes.changed("keys"), robust=True)  # fleet: other nodes

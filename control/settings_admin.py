@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.text import capfirst
 
+from control import changes as fleet_changes
 from control import settings_store
 from control.html import timetag
 from control.models import SchedulerSettingsRecord, SettingsChange
@@ -458,6 +460,8 @@ class SchedulerSettingsAdmin(_RecordAdmin):
         )
         if not changes:
             return
+        # fleet mode: every other node reads it again, once it is committed
+        transaction.on_commit(lambda: fleet_changes.changed("settings"), robust=True)
         if settings_store.push_to_dispatcher(settings, source):
             self.message_user(request, "Applied to the running scheduler from its next pick on.")
         else:

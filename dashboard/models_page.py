@@ -21,6 +21,7 @@ from django.template.loader import render_to_string
 
 from dashboard.access import is_staff, login_needed
 from dashboard.model_watch import ModelFacts, watch_of
+from fleet.node import section as fleet_section
 from scheduler.runtime import Runtime
 from web.errors import login_required as login_required_response
 from web.runtime import runtime_of
@@ -34,7 +35,9 @@ def _group(router: Any, model: str) -> str:
 
 
 def model_rows(rt: Runtime) -> dict[str, Any]:
-    """The page's data: ``{"models": [...], "peers": [...], "loaded": n}``."""
+    """The page's data: ``{"models": [...], "peers": [...], "loaded": n, "fleet": ...}``
+    (``fleet``: every node, up or down, and its models' states, from the fleet's view in
+    memory; None on one box)."""
     config, dispatcher = rt.config, rt.dispatcher
     states = dispatcher.model_states()
     timers = dispatcher.model_timers()
@@ -74,7 +77,7 @@ def model_rows(rt: Runtime) -> dict[str, Any]:
         {"id": name, "peer": route.peer.id, "upstream_model": route.model, "state": "peer"}
         for name, route in sorted(config.peer_routes.items())
     ]
-    return {"models": rows, "peers": peers, "loaded": len(states)}
+    return {"models": rows, "peers": peers, "loaded": len(states), "fleet": fleet_section()}
 
 
 async def _refusal(request: HttpRequest) -> tuple[Any, HttpResponse | None]:

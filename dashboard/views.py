@@ -77,7 +77,7 @@ def _records() -> Any:
     return RequestRecord.objects
 
 
-FILTERS = ("model", "outcome", "lane", "band", "since", "until", "request_id", "api_key")
+FILTERS = ("model", "outcome", "lane", "band", "node", "since", "until", "request_id", "api_key")
 """The history page's filters, in the form's order."""
 OTHER_PARAMETERS = ("page", "tz")
 """Also accepted: the page number and the time zone of since/until (set by the page)."""
@@ -147,7 +147,9 @@ def history(request: HttpRequest) -> HttpResponse:
             until = when
     models = _records().order_by("model").values_list("model", flat=True).distinct()
     lanes = _records().order_by("lane").values_list("lane", flat=True).distinct()
+    nodes = [n for n in _records().order_by("node").values_list("node", flat=True).distinct() if n]
     context: dict[str, Any] = {
+        "nodes": nodes,  # fleet mode: the node each request's client talked to (a column)
         "nav": "history",
         "filters": filters,
         "outcomes": OUTCOME_WORDS,
@@ -168,6 +170,8 @@ def history(request: HttpRequest) -> HttpResponse:
         rows = rows.filter(lane=filters["lane"])
     if filters["band"]:
         rows = rows.filter(band=filters["band"])
+    if filters["node"]:
+        rows = rows.filter(node=filters["node"])
     if filters["request_id"]:
         rows = rows.filter(Q(request_id__startswith=filters["request_id"]))
     if filters["api_key"]:

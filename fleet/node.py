@@ -13,6 +13,12 @@ between them, so there is no consensus to get wrong.
 * The subscriber keeps :class:`fleet.view.FleetView` current from the channel. A node not
   heard from for :data:`DOWN_SECONDS` is shown down; its next message brings it back.
 
+Control rows (issued keys, scheduler settings) are shared in PostgreSQL; a change saved
+on one node is announced on ``<prefix>:control`` (:meth:`Fleet.announce`, installed as
+``control.changes``' announcer) and every other node reads the rows again
+(``control.remote.apply_remote``, in a thread), so a key revoked on one node stops
+working on every node within a moment.
+
 Redis down: both tasks retry with a backoff (0.1 s doubling to 2 s), the view says
 ``degraded`` and placement keeps every request here; the node serves its own models
 throughout. No request ever waits on Redis: the request path reads the view in memory.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -31,6 +38,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from control import changes, remote
 from fleet.view import BadMessage, FleetView, decode, encode, local_view, shape
 from scheduler.core.placement import DOWN_SECONDS
 from scheduler.dispatcher import Dispatcher
@@ -44,6 +52,9 @@ HEARTBEAT = 1.0
 MIN_BACKOFF, MAX_BACKOFF = 0.1, 2.0
 CONNECT_TIMEOUT = 1.0
 STOP_TIMEOUT = 2.0
+MAX_CONTROL_BYTES = 1024
+MAX_ANNOUNCING = 16
+"""Announcements in flight at most (an admin's saves; beyond it one is dropped and logged)."""
 
 
 def enabled(redis_url: str, node: str) -> bool:
@@ -70,6 +81,7 @@ class Fleet:
         self.dispatcher = dispatcher
         self.prefix = prefix
         self.channel = f"{prefix}:views"
+        self.control_channel = f"{prefix}:control"
         self.clock = clock
         self.token = secrets.token_hex(16)
         """Random per start: forwarded requests carry it to prove they come from here."""
@@ -83,6 +95,10 @@ class Fleet:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._warned: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._announcing: set[asyncio.Task[None]] = set()
+        self._applying: set[str] = set()
+        self._again: set[str] = set()
 
     def presence_key(self, node: str) -> str:
         return f"{self.prefix}:node:{node}"
@@ -95,6 +111,8 @@ class Fleet:
         self._stopping = False
         self.refresh()
         loop = asyncio.get_running_loop()
+        self._loop = loop
+        changes.set_announcer(self.announce)
         self._tasks = [
             loop.create_task(self._publish(), name="fleet-publisher"),
             loop.create_task(self._subscribe(), name="fleet-subscriber"),
@@ -119,6 +137,7 @@ class Fleet:
             await client.aclose()
         if _current is self:
             _current = None
+            changes.set_announcer(None)
 
     # -- what the request path reads -----------------------------------------------------
 
@@ -145,6 +164,70 @@ class Fleet:
 
     def state(self) -> dict[str, Any]:
         return self.view.state(self.clock())
+
+    # -- control rows changed here: tell the others -------------------------------------
+
+    def announce(self, kind: str) -> None:
+        """A control row of ``kind`` changed on this node (any thread): published on
+        ``<prefix>:control`` for the other nodes (best effort: a node that misses it reads
+        the rows at its next start)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and not self._stopping:
+            loop.call_soon_threadsafe(self._announce_soon, kind)
+
+    def _announce_soon(self, kind: str) -> None:
+        if len(self._announcing) >= MAX_ANNOUNCING:
+            log.warning(
+                "fleet: too many announcements in flight, one dropped", extra={"kind": kind}
+            )
+            return
+        task = asyncio.get_running_loop().create_task(self._announce(kind))
+        self._announcing.add(task)
+        task.add_done_callback(self._announcing.discard)
+
+    async def _announce(self, kind: str) -> None:
+        message = json.dumps({"v": 1, "node": self.node, "kind": kind}).encode()
+        client = self._client()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT * 2):
+                await client.publish(self.control_channel, message)
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning(
+                "fleet: a change not announced (other nodes read it at their next start)",
+                extra={"kind": kind, "cause": f"{type(exc).__name__}: {exc}"},
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+    def _control(self, raw: bytes | str) -> None:
+        """Another node changed a control row: read it again (one reader per kind; a
+        change that arrives meanwhile is read once more after it)."""
+        try:
+            if len(raw) > MAX_CONTROL_BYTES:
+                raise ValueError("too long")
+            data = json.loads(raw)
+            node, kind = data["node"], data["kind"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("fleet: a control message that is not one")
+            return
+        if node == self.node or kind not in changes.KINDS or not isinstance(node, str):
+            return
+        if kind in self._applying:
+            self._again.add(kind)
+            return
+        self._applying.add(kind)
+        asyncio.get_running_loop().create_task(self._apply(kind, node[:64]))
+
+    async def _apply(self, kind: str, node: str) -> None:
+        try:
+            while True:
+                self._again.discard(kind)
+                await asyncio.to_thread(remote.apply_remote, kind, node)
+                if kind not in self._again:
+                    return
+        finally:
+            self._applying.discard(kind)
 
     # -- the two tasks -------------------------------------------------------------------
 
@@ -219,11 +302,12 @@ class Fleet:
     async def _subscribe(self) -> None:
         """Keep the other nodes' views: the presence keys once connected, then the channel."""
         backoff = MIN_BACKOFF
+        control = self.control_channel.encode()
         while not self._stopping:
             client = self._client()
             pubsub = client.pubsub()
             try:
-                await pubsub.subscribe(self.channel)
+                await pubsub.subscribe(self.channel, self.control_channel)
                 seen = 0
                 async for key in client.scan_iter(match=self.presence_key("*"), count=100):
                     raw = await client.get(key)
@@ -237,7 +321,10 @@ class Fleet:
                 while not self._stopping:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=TICK)
                     if message is not None and message.get("type") == "message":
-                        self._take(message["data"])
+                        if message.get("channel") in (self.control_channel, control):
+                            self._control(message["data"])
+                        else:
+                            self._take(message["data"])
                     self.view.sweep(self.clock())
             except (RedisError, OSError, TimeoutError) as exc:
                 _still_running()

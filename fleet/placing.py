@@ -15,16 +15,19 @@ it never places it again (nothing is placed twice), and when the token is that n
 is talking to (``recorded_elsewhere`` in the ticket's extra: the recorder and the metrics
 skip it): one record per request, with the outcome its client saw.
 
-A node that cannot be reached (its connection refused: nothing was sent) is taken out of
-placement until it publishes again, and the request runs here after all (:func:`sent`):
-a killed node costs its clients, not the others'.
+A node that went away before any byte of its answer arrived (connection refused or
+reset, no response: :data:`NO_ANSWER`) is taken out of placement until it publishes again,
+and the request is placed again (:func:`run`: another node, or here; at most
+:data:`MAX_HOPS` nodes are tried): a killed node costs its clients nothing while their
+requests wait there. Once any byte of an answer arrived the request is never run twice:
+the client sees the error (a stream cut mid-way ends without ``[DONE]``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +49,18 @@ PLACEMENT_HEADER = "X-LlamaSwap-Placement"
 RECORDED_ELSEWHERE = "recorded_elsewhere"
 """The ticket's extra key (activity.recorder, activity.metrics skip it): the request's
 record is another ticket's (the sending node's, or the local run after a failed hop)."""
-UNREACHABLE = ("ConnectError:", "ConnectTimeout:")
-"""Errors of a hop that sent nothing: the request can run here instead."""
+NO_ANSWER = (
+    "ConnectError:",
+    "ConnectTimeout:",
+    "RemoteProtocolError:",
+    "ReadError:",
+    "WriteError:",
+)
+"""Errors of a hop before any byte of its answer arrived (refused, reset, closed): the
+request can be placed again. Not a timeout: a slow node may still be running it."""
+MAX_HOPS = 3
+"""Nodes a request is sent to at most (each one that went away is out of placement
+until it publishes again) before it runs here."""
 _PLACED = PLACED_HEADER.lower().encode("latin-1")
 _PRIORITY_META = "HTTP_" + HEADER.upper().replace("-", "_")
 HOP_CONNECT_TIMEOUT = 5.0
@@ -101,6 +114,8 @@ def hop(request: HttpRequest, target: Route, extra: dict[str, Any]) -> Hop | Non
     priority = key.policy.grant(header)[0] if key is not None else parse_priority(header)
     placement = decide(fleet, model.id, priority)
     if not placement.forward:
+        before = extra.get("placement")  # its record says why it stayed (the why-page)
+        extra["placement"] = f"{before}; {placement.reason}" if before else placement.reason
         return None
     credential = ""
     if runtime.current().keys.enabled:
@@ -118,7 +133,8 @@ def hop(request: HttpRequest, target: Route, extra: dict[str, Any]) -> Hop | Non
         ),
     )
     scope["headers"] = [*headers, (_PLACED, f"{fleet.node} {fleet.token}".encode("latin-1"))]
-    extra["placement"] = placement.reason
+    before = extra.get("placement")  # a node that went away before answering
+    extra["placement"] = f"{before}; {placement.reason}" if before else placement.reason
     log.info(
         "placed on another node",
         extra={"model": model.id, "node": placement.node, "reason": placement.reason},
@@ -144,41 +160,85 @@ def decide(fleet: Fleet, model: str, priority: int) -> Placement:
     return placement
 
 
+async def run(
+    request: HttpRequest,
+    target: Route,
+    extra: dict[str, Any],
+    forward: Callable[[Route, dict[str, Any]], Awaitable[HttpResponseBase]],
+) -> HttpResponseBase | None:
+    """Place the request and send it (``forward``: ``proxy.peers.forward``); placed again
+    when that node went away before answering. None: it runs here (``extra`` says why,
+    for its record)."""
+    for _ in range(MAX_HOPS):
+        placed = hop(request, target, extra)
+        if placed is None:
+            return None
+        response = await sent(request, placed, forward(placed.route, extra), extra)
+        if response is not None:
+            return response
+    extra["placement"] = f"{extra.get('placement', '')}; ran here after {MAX_HOPS} nodes"
+    return None
+
+
 async def sent(
-    request: HttpRequest, hop: Hop, forwarding: Awaitable[HttpResponseBase]
+    request: HttpRequest,
+    hop: Hop,
+    forwarding: Awaitable[HttpResponseBase],
+    extra: dict[str, Any] | None = None,
 ) -> HttpResponseBase | None:
     """Await ``proxy.peers.forward``: the record names the local model (not
     ``node/model``), the client sees where its request went and why. None when the node
-    could not be reached (nothing was sent): the request runs here (the hop's record is
-    dropped, the node left out of placement until it publishes again)."""
+    went away before any byte of its answer (:data:`NO_ANSWER`): the hop's record is
+    dropped, the node left out of placement until it publishes again, and the request is
+    placed again (:func:`run`)."""
     response = await forwarding
     turn = getattr(request, "turn", None)
     ticket = getattr(turn, "ticket", None)
     if ticket is None:
         return response
     ticket.model = hop.model
-    if response.status_code == 502 and _unreachable(response):
+    cause = _no_answer(response, hop.placement.node)
+    if cause is not None:
         fleet = current()
         if fleet is not None:
             fleet.view.unreachable(hop.placement.node, fleet.clock())
         ticket.extra[RECORDED_ELSEWHERE] = "here"
         await turn.close()  # type: ignore[union-attr]  # a proxy.peers.PeerTurn
+        scope = request.scope  # type: ignore[attr-defined]  # ours: placed again from scratch
+        scope["headers"] = [h for h in scope["headers"] if h[0] != _PLACED]
         log.warning(
-            "placed node unreachable: running here",
-            extra={"node": hop.placement.node, "model": hop.model.id},
+            "placed node went away before answering: placed again",
+            extra={"node": hop.placement.node, "model": hop.model.id, "cause": cause},
         )
+        if extra is not None:  # the record of its run (here, or on the next node) says so
+            before = extra.get("placement") or hop.placement.reason  # the chain so far
+            extra["placement"] = (
+                f"{before}; {hop.placement.node} went away before answering ({cause}): placed again"
+            )
         return None
     fleet = current()
     if fleet is not None:
         fleet.placed_on(hop.placement.node)
-    response[PLACEMENT_HEADER] = hop.placement.reason.encode("ascii", "replace").decode("ascii")
+    reason = str(ticket.extra.get("placement") or hop.placement.reason)
+    response[PLACEMENT_HEADER] = reason.encode("ascii", "replace").decode("ascii")
     return response
 
 
-def _unreachable(response: HttpResponseBase) -> bool:
+def _no_answer(response: HttpResponseBase, node: str) -> str | None:
+    """The error's kind when ``response`` is the peer path's own 502 for a hop to ``node``
+    that got no byte of an answer (:data:`NO_ANSWER`); None for anything the node sent."""
+    if response.status_code != 502:
+        return None
     content = getattr(response, "content", b"")
     try:
-        message = json.loads(content)["error"]["message"]
+        error = json.loads(content)["error"]
+        code, message = error["code"], error["message"]
     except (ValueError, KeyError, TypeError):
-        return False
-    return isinstance(message, str) and any(cause in message for cause in UNREACHABLE)
+        return None
+    lead = f"peer {node!r} did not answer: "
+    if code != "peer_unavailable" or not isinstance(message, str):
+        return None
+    if not message.startswith(lead):
+        return None
+    cause = message[len(lead) :]
+    return cause.partition(":")[0] if cause.startswith(NO_ANSWER) else None

@@ -126,12 +126,15 @@ async def inference(request: HttpRequest) -> HttpResponseBase:
             boundary = (request.content_params or {})["boundary"]  # checked by _parse_body
             body = routing.rewrite_multipart_model(body, boundary, field)
     extra = routing.record_extra(target)
-    hop = placing.hop(request, target, extra)  # fleet: another node starts it sooner
-    if hop is not None:  # None back: that node was unreachable, it runs here after all
-        forwarding = peers.forward(request, hop.route, request_id, body, extra)
-        forwarded = await placing.sent(request, hop, forwarding)
-        if forwarded is not None:
-            return forwarded
+    # fleet: another node starts it sooner (None: it runs here, maybe after a node went away)
+    forwarded = await placing.run(
+        request,
+        target,
+        extra,
+        lambda route, ex: peers.forward(request, route, request_id, body, ex),
+    )
+    if forwarded is not None:
+        return forwarded
     if target.peer is not None:
         return await peers.forward(request, target, request_id, body, extra)
     assert target.model is not None

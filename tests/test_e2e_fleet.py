@@ -5,8 +5,10 @@ What a user would notice: a model loaded on one node shows on the others within 
 a request for a model cold here and warm elsewhere is sent there (and says so); a few
 hundred requests at mixed priorities sent to all three while one node is killed with
 SIGKILL each have exactly one record, naming the node the client talked to, with the
-outcome the client saw; the survivors show the dead node down within ~3 s; and the fleet
-metrics add up to the records.
+outcome the client saw; requests placed on the killed node and waiting there behind a long
+stream are placed again (they are answered, and their record says so) while the stream
+itself ends broken, recorded as such; the survivors show the dead node down within ~3 s;
+and the fleet metrics add up to the records.
 
 Skipped when PostgreSQL (127.0.0.1:5432, user postgres) or Redis (127.0.0.1:6379) is not
 reachable, or with ``LLAMASWAP_SKIP_FLEET_E2E=1`` (deselect it from a quick run).
@@ -15,6 +17,7 @@ reachable, or with ``LLAMASWAP_SKIP_FLEET_E2E=1`` (deselect it from a quick run)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import re
@@ -138,7 +141,8 @@ def records(database: str) -> list[dict]:
 
     with psycopg.connect(database, row_factory=dict_row) as conn:
         return conn.execute(
-            "SELECT request_id, node, peer, model, outcome, status FROM scheduler_requestrecord"
+            "SELECT request_id, node, peer, model, outcome, status, error, placement"
+            " FROM scheduler_requestrecord"
         ).fetchall()
 
 
@@ -183,6 +187,15 @@ def test_a_fleet_places_records_once_and_notices_a_dead_node(fleet, database):
     assert r.status_code == 200 and "X-LlamaSwap-Placement" not in r.headers
     warm_up[r.headers["X-LlamaSwap-Request-Id"]] = {"node": "box-a", "status": 200, "placed": None}
 
+    # llama is loaded on box-c only: a long stream sent to box-a goes there, and requests
+    # sent to box-a and box-b after it wait there behind it (until box-c dies).
+    r = httpx.post(c.url + "/v1/chat/completions", json=chat("llama"), timeout=20)
+    assert r.status_code == 200
+    wait_metrics(
+        a, lambda s: metric(s, "llamaswap_fleet_model_loaded", node="box-c", model="llama"), 3
+    )
+    wait_metrics(b, lambda s: metric(s, "llamaswap_fleet_running", node="box-c") == 0, 3)
+
     # A few hundred requests at mixed priorities to all three; box-c dies a third in.
     rng = random.Random(24)
     plan = [
@@ -190,6 +203,8 @@ def test_a_fleet_places_records_once_and_notices_a_dead_node(fleet, database):
         for i in range(REQUESTS)
     ]
     results: list[dict] = []
+    stream: dict = {}
+    behind: list[dict] = []
     killed_at: list[float] = []
     down_after: dict[str, float] = {}
 
@@ -209,31 +224,85 @@ def test_a_fleet_places_records_once_and_notices_a_dead_node(fleet, database):
                         return
                     await asyncio.sleep(0.05)
 
+            async def post(node: str, model: str, priority: int, into: list[dict]) -> None:
+                result = {"node": node, "status": None, "id": None, "placed": None}
+                try:
+                    r = await client.post(
+                        fleet[node].url + "/v1/chat/completions",
+                        json=chat(model, max_tokens=4),
+                        headers={"X-LlamaSwap-Priority": str(priority)},
+                    )
+                    result.update(
+                        status=r.status_code,
+                        id=r.headers.get("X-LlamaSwap-Request-Id"),
+                        placed=r.headers.get("X-LlamaSwap-Placement"),
+                    )
+                except httpx.HTTPError as exc:
+                    result["error"] = repr(exc)
+                into.append(result)
+
+            third = asyncio.Event()
+
             async def one(node: str, model: str, priority: int) -> None:
                 nonlocal done
                 async with limit:
-                    result = {"node": node, "status": None, "id": None, "placed": None}
-                    try:
-                        r = await client.post(
-                            fleet[node].url + "/v1/chat/completions",
-                            json=chat(model, max_tokens=4),
-                            headers={"X-LlamaSwap-Priority": str(priority)},
-                        )
-                        result.update(
-                            status=r.status_code,
-                            id=r.headers.get("X-LlamaSwap-Request-Id"),
-                            placed=r.headers.get("X-LlamaSwap-Placement"),
-                        )
-                    except httpx.HTTPError as exc:
-                        result["error"] = repr(exc)
-                    results.append(result)
+                    await post(node, model, priority, results)
                     done += 1
-                    if done == REQUESTS // 3 and not killed_at:
-                        os.killpg(c.proc.pid, signal.SIGKILL)
-                        killed_at.append(time.monotonic())
-                        watchers.extend(asyncio.create_task(watch(n)) for n in ("box-a", "box-b"))
+                    if done == REQUESTS // 3:
+                        third.set()
 
-            await asyncio.gather(*(one(*p) for p in plan))
+            async def kill() -> None:
+                """box-c dies a third into the run (or after 3 s: llama requests placed
+                there wait behind the stream and may hold every client slot)."""
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(third.wait(), 3)
+                os.killpg(c.proc.pid, signal.SIGKILL)
+                killed_at.append(time.monotonic())
+                watchers.extend(asyncio.create_task(watch(n)) for n in ("box-a", "box-b"))
+
+            async def long_stream() -> None:
+                body = chat("llama", stream=True, fake_tokens=400, fake_tokens_per_second=4)
+                url = a.url + "/v1/chat/completions"
+                async with client.stream("POST", url, json=body) as r:
+                    stream.update(
+                        status=r.status_code,
+                        id=r.headers.get("X-LlamaSwap-Request-Id"),
+                        placed=r.headers.get("X-LlamaSwap-Placement"),
+                    )
+                    text = b""
+                    with contextlib.suppress(httpx.HTTPError):
+                        async for chunk in r.aiter_raw():
+                            text += chunk
+                    stream["body"] = text.decode()
+
+            streaming = asyncio.create_task(long_stream())
+            async with asyncio.timeout(10):
+                while "placed" not in stream:
+                    await asyncio.sleep(0.02)
+            assert (stream["placed"] or "").startswith("sent to box-c: model loaded there")
+            waiting = [
+                asyncio.create_task(post(("box-a", "box-b")[i % 2], "llama", 0, behind))
+                for i in range(6)
+            ]
+            deadline = time.monotonic() + 10
+            while True:  # all six wait on box-c, behind the stream
+                text = (await client.get(a.url + "/metrics")).text
+                depth = sum(
+                    float(m.group(1))
+                    for m in re.finditer(
+                        r'llamaswap_fleet_queue_depth\{band="\w+",node="box-c"\} (\S+)', text
+                    )
+                )
+                if depth >= 6:
+                    break
+                assert time.monotonic() < deadline, [
+                    line for line in text.splitlines() if "fleet" in line and "{" in line
+                ] + behind
+                await asyncio.sleep(0.05)
+            assert not behind, behind  # none answered while box-c lives
+
+            await asyncio.gather(kill(), *(one(*p) for p in plan))
+            await asyncio.gather(streaming, *waiting)
             async with asyncio.timeout(10):
                 await asyncio.gather(*watchers)
 
@@ -245,7 +314,15 @@ def test_a_fleet_places_records_once_and_notices_a_dead_node(fleet, database):
     assert set(down_after) == {"box-a", "box-b"}
     assert all(seconds < 4.5 for seconds in down_after.values()), down_after
 
-    answered = {r["id"]: r for r in results if r["status"] is not None and r["node"] != "box-c"}
+    # The stream placed on box-c was cut mid-way: its client saw it end without [DONE].
+    assert stream["status"] == 200 and "data: " in stream["body"], stream
+    assert "[DONE]" not in stream["body"]
+    # The requests waiting on box-c were placed again and answered.
+    assert len(behind) == 6 and all(r["status"] == 200 for r in behind), behind
+
+    answered = {
+        r["id"]: r for r in results + behind if r["status"] is not None and r["node"] != "box-c"
+    }
     lost = [r for r in results if r["status"] is None and r["node"] != "box-c"]
     assert not lost, [r.get("error") for r in lost]  # box-a and box-b answered every one
     bad = [r for r in answered.values() if r["status"] != 200]
@@ -258,7 +335,7 @@ def test_a_fleet_places_records_once_and_notices_a_dead_node(fleet, database):
     deadline = time.monotonic() + 15
     while True:
         rows = [row for row in records(database) if row["node"] in ("box-a", "box-b")]
-        if len(rows) >= len(answered) + len(warm_up) or time.monotonic() > deadline:
+        if len(rows) >= len(answered) + len(warm_up) + 1 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     by_id: dict[str, list[dict]] = {}
@@ -271,13 +348,22 @@ def test_a_fleet_places_records_once_and_notices_a_dead_node(fleet, database):
         assert row["node"] == result["node"]
         assert row["status"] == result["status"]
         assert (row["outcome"] == "completed") == (result["status"] == 200)
-        if result["placed"]:
-            assert row["peer"] and result["placed"].startswith(f"sent to {row['peer']}:")
+        if result["placed"]:  # the last node it was sent to ran it
+            assert re.findall(r"sent to ([\w-]+):", result["placed"])[-1] == row["peer"]
+            assert row["placement"] == result["placed"]
             assert row["model"] in ("qwen", "llama")
         else:
             assert row["peer"] == ""
+    for result in behind:  # placed on box-c, placed again when it died (here or box-b)
+        row = by_id[result["id"]][0]
+        assert "box-c went away before answering" in row["placement"], row
+    # The stream: one record, on box-a, for box-c, broken as its client saw it.
+    row = by_id[stream["id"]][0]
+    assert (row["node"], row["peer"], row["status"]) == ("box-a", "box-c", 200)
+    assert row["outcome"] == "failed" and "stream broken" in row["error"], row
     # Nothing else: a placed request is recorded by the node its client talked to only.
-    others = [row for row in rows if row["request_id"] not in answered | warm_up.keys()]
+    known = answered.keys() | warm_up.keys() | {stream["id"]}
+    others = [row for row in rows if row["request_id"] not in known]
     assert not others, others
 
     # The fleet metrics add up: placements counted on each node are its placed records.

@@ -78,7 +78,7 @@ async def test_nodes_see_each_other_and_a_load_within_a_second(nodes):
     a = await nodes("box-a")
     b = await nodes("box-b")
     await until(lambda: "box-b" in a.view.views and "box-a" in b.view.views, timeout=2.0)
-    assert not a.degraded() and not b.degraded()
+    await until(lambda: not a.degraded() and not b.degraded(), timeout=2.0)
     await load(b, "qwen")
     loaded_at = time.monotonic()
     await until(lambda: a.view.views["box-b"].models.get("qwen") == "ready", timeout=1.0)
@@ -356,3 +356,192 @@ async def test_serve_names_the_node_and_keeps_its_dashboard_group_its_own(settin
         "hosts": [REDIS_URL],
         "prefix": "asgi:box-b",
     }
+
+
+def _peer_answer(status: int, code: str, message: str):
+    from django.http import JsonResponse
+
+    return JsonResponse({"error": {"message": message, "code": code}}, status=status)
+
+
+@needs_redis
+async def test_a_node_that_goes_away_before_answering_gets_the_request_placed_again(
+    placing_node, settings
+):
+    """The peer path's own 502 for a hop that got no byte (refused, reset): the node is
+    out of placement and the request goes to the next node, or runs here; anything the
+    node did send (a relayed 502) reaches the client as it is: never run twice."""
+    from types import SimpleNamespace
+
+    from django.http import HttpResponse
+
+    from fleet.placing import PLACEMENT_HEADER, run
+    from scheduler.core.placement import LaneWait
+    from scheduler.names import Route
+
+    settings.DEBUG = False
+    a = await placing_node()
+    box_c = NodeView(
+        node="box-c",
+        url="http://box-c:8080",
+        serves=frozenset({"qwen"}),
+        models={"qwen": "ready"},
+        lanes={"default": LaneWait(wait={"normal": 0.05})},
+        heard=a.clock(),
+    )
+    a.view.update(box_c, "c-token", 1)
+    target = Route("qwen", "qwen", model=a.dispatcher.config.models["qwen"])
+    sent_to: list[str] = []
+    closed: list[dict] = []
+
+    def forwarding(answers):
+        async def forward(route, extra):
+            node = route.peer.peer.id
+            sent_to.append(node)
+
+            async def close():
+                closed.append(ticket.extra)
+
+            ticket = SimpleNamespace(extra=dict(extra), model=None)
+            request.turn = SimpleNamespace(ticket=ticket, close=close)
+            return answers[node](node)
+
+        return forward
+
+    went_away = lambda node: _peer_answer(  # noqa: E731
+        502, "peer_unavailable", f"peer {node!r} did not answer: RemoteProtocolError: closed"
+    )
+    request = _request((b"content-type", b"application/json"))
+    extra: dict = {}
+    answer = await run(
+        request, target, extra, forwarding({"box-b": went_away, "box-c": lambda n: HttpResponse()})
+    )
+    assert sent_to == ["box-b", "box-c"]
+    assert answer is not None and answer[PLACEMENT_HEADER].startswith(
+        "sent to box-b: model loaded there"
+    )
+    assert (
+        "box-b went away before answering (RemoteProtocolError): placed again; sent to box-c"
+        in (answer[PLACEMENT_HEADER])
+    )
+    assert closed == [{**closed[0], "recorded_elsewhere": "here"}]  # the failed hop: no record
+    assert not a.view.up("box-b", a.clock())  # out of placement until it publishes again
+    assert [h for h in request.scope["headers"] if h[0] == b"x-llamaswap-placed"] == [
+        (b"x-llamaswap-placed", f"box-a {a.token}".encode())
+    ]  # one mark, the last hop's
+
+    # Every node that serves it went away: it runs here, and its record says why.
+    box_b = a.view.views["box-b"]
+    a.view.update(dataclasses.replace(box_b, heard=a.clock()), "b-token", 2)
+    a.view.update(dataclasses.replace(box_c, heard=a.clock()), "c-token", 2)
+    sent_to.clear()
+    request, extra = _request((b"content-type", b"application/json")), {}
+    answers = {"box-b": went_away, "box-c": went_away}
+    assert await run(request, target, extra, forwarding(answers)) is None
+    assert sent_to == ["box-b", "box-c"]
+    assert extra["placement"].startswith("sent to box-b: model loaded there")
+    for node in ("box-b", "box-c"):
+        assert f"{node} went away before answering (RemoteProtocolError)" in extra["placement"]
+    assert not request.scope["headers"][1:]  # no mark left: the local run is its own
+
+    # A node that answered (a relayed 502 of its model) is never asked again.
+    a.view.update(dataclasses.replace(box_c, heard=a.clock()), "c-token", 3)
+    sent_to.clear()
+    broken = lambda node: _peer_answer(502, "upstream_broken", "ReadError: cut")  # noqa: E731
+    answer = await run(_request(), target, {}, forwarding({"box-c": broken}))
+    assert sent_to == ["box-c"] and answer is not None and answer.status_code == 502
+
+
+@needs_redis
+async def test_the_models_page_lists_every_nodes_models_and_states(nodes):
+    from dashboard import models_page
+    from scheduler.runtime import Runtime
+
+    b = await nodes("box-b")
+    a = await nodes("box-a")  # started last: this process's fleet (the page reads its view)
+    await until(lambda: "box-b" in a.view.views, timeout=2.0)
+    await load(b, "qwen")
+    rt = Runtime(config=a.dispatcher.config, dispatcher=a.dispatcher, upstreams=None)  # type: ignore[arg-type]
+
+    def node(name: str) -> dict:
+        fleet = models_page.model_rows(rt)["fleet"]
+        return next(n for n in fleet["nodes"] if n["node"] == name)
+
+    await until(lambda: node("box-b")["models"].get("qwen") == "ready", timeout=1.0)
+    assert node("box-a") | {"models": {}} == node("box-a")  # nothing loaded here
+    assert node("box-a")["here"] and node("box-b")["up"]
+    await b.stop()  # gone from Redis: shown down within ~3 s, nothing loaded any more
+    await until(lambda: not node("box-b")["up"], timeout=DOWN_SECONDS + 1.5)
+    assert node("box-b")["models"] == {}
+
+
+@needs_redis
+@pytest.mark.django_db(transaction=True)
+async def test_a_key_issued_or_revoked_on_one_node_holds_on_every_node(nodes):
+    """The keys are rows in the shared database; box-a's save is announced, and box-b
+    reads them again: the key works there at once, and stops working once revoked."""
+    from asgiref.sync import sync_to_async
+    from django.utils import timezone
+
+    from control import changes
+    from control.keys import assign, new_key
+    from control.models import IssuedKey
+    from scheduler import runtime
+    from scheduler.keys import KeyRing
+
+    b = await nodes("box-b")  # the node that must learn of it
+    a = await nodes("box-a")  # this process's fleet: the announcer
+    await until(lambda: not a.degraded() and not b.degraded(), timeout=2.0)
+    ring = KeyRing()
+    runtime.install(
+        runtime.Runtime(
+            config=b.dispatcher.config, dispatcher=b.dispatcher, upstreams=None, keys=ring
+        )  # type: ignore[arg-type]
+    )
+    key = new_key()
+
+    def issue() -> None:  # written as another node would: no signal here
+        record = IssuedKey(name="ci")
+        assign(record, key)
+        IssuedKey.objects.bulk_create([record])
+
+    try:
+        await sync_to_async(issue)()
+        assert ring.lookup(key) is None
+        changes.changed("keys")  # what box-a's save does once committed
+        await until(lambda: ring.lookup(key) is not None, timeout=2.0)
+        assert ring.lookup(key).name == "ci" and ring.required
+
+        await sync_to_async(IssuedKey.objects.filter(name="ci").update)(revoked_at=timezone.now())
+        changes.changed("keys")
+        await until(lambda: ring.lookup(key) is None, timeout=2.0)
+    finally:
+        runtime.install(None)
+
+
+@needs_redis
+@pytest.mark.django_db(transaction=True)
+async def test_a_settings_edit_saved_on_one_node_reaches_every_nodes_scheduler(nodes):
+    from asgiref.sync import sync_to_async
+
+    from control import changes
+    from control.models import SchedulerSettingsRecord
+    from scheduler import runtime
+
+    b = await nodes("box-b")
+    a = await nodes("box-a")
+    await until(lambda: not a.degraded() and not b.degraded(), timeout=2.0)
+    runtime.install(
+        runtime.Runtime(config=b.dispatcher.config, dispatcher=b.dispatcher, upstreams=None)  # type: ignore[arg-type]
+    )
+    assert b.dispatcher.settings.aging_divisor != 7
+    try:
+        await sync_to_async(SchedulerSettingsRecord.objects.create)(
+            pk=SchedulerSettingsRecord.SINGLETON_PK,
+            values={"agingDivisor": 7},
+            admin_overrides={"agingDivisor": {"by": "ops", "at": "2026-12-02 15:00:00 UTC"}},
+        )
+        changes.changed("settings")  # what box-a's admin save does once committed
+        await until(lambda: b.dispatcher.settings.aging_divisor == 7, timeout=2.0)
+    finally:
+        runtime.install(None)

@@ -5,6 +5,7 @@
   var table = document.getElementById("models-table");
   var rowsEl = document.getElementById("model-rows");
   var peersEl = document.getElementById("peer-rows");
+  var fleetEl = document.getElementById("fleet-rows");
   var live = document.getElementById("models-live");
   var message = document.getElementById("control-message");
   var staff = table.dataset.staff === "true";
@@ -59,6 +60,27 @@
       return "<tr><td>" + esc(p.id) + "</td><td>" + esc(p.peer) + "</td><td>" + esc(p.upstream_model) + "</td></tr>";
     }).join("");
     document.getElementById("loaded-count").textContent = data.loaded;
+    renderFleet(data.fleet);
+  }
+
+  // Fleet mode: every node, up or down, and its models' states (null on one box).
+  function renderFleet(fleet) {
+    if (!fleetEl) return;
+    document.getElementById("fleet-card").hidden = !fleet;
+    if (!fleet) return;
+    document.getElementById("fleet-status").textContent = fleet.status === "ok"
+      ? fleet.up + " of " + fleet.nodes.length + " nodes up; this is " + fleet.here + "."
+      : "Fleet view " + fleet.status + ": every node serves its own models.";
+    fleetEl.innerHTML = fleet.nodes.map(function (n) {
+      var models = Object.keys(n.models).map(function (m) {
+        return esc(m) + " (" + esc(n.models[m]) + ")";
+      }).join(", ") || "none loaded";
+      var waiting = Object.keys(n.depth).reduce(function (sum, b) { return sum + n.depth[b]; }, 0);
+      return '<tr data-node="' + esc(n.node) + '"><td>' + esc(n.node) +
+        (n.here ? ' <span class="tag">here</span>' : "") + "</td><td>" +
+        (n.up ? "up" : "down (last heard " + esc(n.heard_ago) + " s ago)") + "</td><td>" +
+        models + '</td><td class="n">' + waiting + '</td><td class="n">' + esc(n.running) + "</td></tr>";
+    }).join("");
   }
 
   function setLive(ok) {

@@ -10,6 +10,10 @@ scheduler/core/simulate.py (pure). Modes:
 * ``simulate --targets``: the three generated traces (overload, steady, bursty), fifo
   against the defaults and a candidate (``--set``, default the recommended settings).
 * ``simulate --generate OUT``: write a synthetic trace (``--shape``).
+* ``simulate TRACE --nodes box-a,box-b`` (or ``--nodes 3``): the trace on a fleet of
+  one-GPU nodes behind a round robin, where each request arrives, and then placed as a
+  fleet node places it (scheduler/core/fleet_sim.py): waits per band, requests per node,
+  requests placed.
 
 Here in ``llamaswap_site``, the composition: ``--from-history`` reads the activity log
 (``activity``) and the settings in effect (``control``), two sibling apps neither of
@@ -30,6 +34,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from activity.history import history_rows
 from control.settings_store import stored_settings
+from scheduler.core.fleet_sim import FleetResult, simulate_fleet
 from scheduler.core.policy import SchedulerSettings, SettingsError
 from scheduler.core.replay import from_history, lane_orders, replay_error
 from scheduler.core.settings import assignable_names
@@ -92,6 +97,24 @@ def parse_slots(values: list[str]) -> dict[str, int]:
             raise CommandError(f"--slots {text!r}: expected MODEL=N with N >= 1")
         slots[model] = int(value)
     return slots
+
+
+MAX_NODES = 64
+
+
+def parse_nodes(text: str) -> list[str]:
+    """``--nodes 3`` (node-1..node-3) or ``--nodes box-a,box-b``; CommandError when
+    malformed, repeated or over :data:`MAX_NODES`."""
+    if text.strip().isdigit():
+        count = int(text)
+        names = [f"node-{k}" for k in range(1, count + 1)]
+    else:
+        names = [n.strip() for n in text.split(",")]
+        if not all(names) or len(set(names)) != len(names):
+            raise CommandError(f"--nodes {text!r}: expected N or distinct names NAME,NAME,...")
+    if not 1 <= len(names) <= MAX_NODES:
+        raise CommandError(f"--nodes {text!r}: a fleet of 1 to {MAX_NODES} nodes")
+    return names
 
 
 def parse_when(text: str | None, flag: str) -> datetime | None:
@@ -170,6 +193,12 @@ class Command(BaseCommand):
             metavar="MODEL=N",
             help="serve up to N requests of MODEL at once (config.yaml's slots)",
         )
+        parser.add_argument(
+            "--nodes",
+            metavar="N|NAME,...",
+            help="replay on a fleet of one-GPU nodes (requests arrive at each in turn), "
+            "where they arrive and then placed as fleet mode places them",
+        )
         parser.add_argument("--json", action="store_true", help="print machine-readable results")
         parser.add_argument(
             "--estimate",
@@ -238,6 +267,11 @@ class Command(BaseCommand):
         labels = options["compare"] or [None]
         trace = self.read_trace(Path(options["trace"]))
         lanes, slots = parse_lanes(options["lanes"]), parse_slots(options["slots"])
+        if options["nodes"]:
+            if lanes or slots or options["compare"] or options["estimate"]:
+                raise CommandError("--nodes: one lane per node (no --lanes, --slots, --compare)")
+            self.fleet(trace, base, loads, default_load, options)
+            return
         results = [
             simulate(
                 trace,
@@ -270,6 +304,68 @@ class Command(BaseCommand):
             self.stdout.write(f"every variant on top of: {describe_settings(base)}")
         self.stdout.write(format_table(results))
         self.write_estimates(results)
+
+    def fleet(
+        self,
+        trace: list[TraceRequest],
+        settings: SchedulerSettings,
+        loads: dict[str, float],
+        default_load: float,
+        options: dict[str, Any],
+    ) -> None:
+        """The trace on ``--nodes``, where it arrives and then with placement."""
+        names = parse_nodes(options["nodes"])
+        runs = [
+            simulate_fleet(
+                trace,
+                settings,
+                len(names),
+                placement=placed,
+                load_seconds=loads,
+                default_load=default_load,
+                label="placement" if placed else "where it arrives",
+            )
+            for placed in (False, True)
+        ]
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "nodes": names,
+                        "runs": [
+                            {
+                                "placement": placed,
+                                "placed": run.placed,
+                                "per_node": dict(zip(names, run.per_node, strict=True)),
+                                "refused": run.refused,
+                                "result": run.result.as_dict(),
+                            }
+                            for placed, run in zip((False, True), runs, strict=True)
+                        ],
+                    },
+                    indent=2,
+                )
+            )
+            return
+        models = sorted({r.model for r in trace})
+        load_text = " ".join(f"{m}={format_duration(loads.get(m, default_load))}" for m in models)
+        self.stdout.write(
+            f"{options['trace']}: {len(trace)} requests on {len(names)} nodes "
+            f"({', '.join(names)}; one GPU each, requests arrive at each in turn); "
+            f"cold load {load_text}"
+        )
+        self.stdout.write(format_table([run.result for run in runs]))
+        for run in runs:
+            self.stdout.write(self.fleet_line(run, names))
+
+    @staticmethod
+    def fleet_line(run: FleetResult, names: list[str]) -> str:
+        loads = ", ".join(f"{n} {k}" for n, k in zip(names, run.per_node, strict=True))
+        return (
+            f"{run.result.label}: requests run per node: {loads}; placed on another node "
+            f"than they arrived at: {run.placed}"
+            + (f"; refused {run.refused}" if run.refused else "")
+        )
 
     def write_estimates(self, results: list[SimResult]) -> None:
         for result in results:
