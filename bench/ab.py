@@ -143,7 +143,10 @@ def main() -> None:
             for name, tree in (("before", before), ("after", ROOT)):
                 print(f"round {n + 1}: {name} ...", flush=True)
                 results[name].append(probe(tree, args.gap_only))
-                print("  " + ", ".join(f"{k} {v:.2f}" for k, v in results[name][-1].items()), flush=True)
+                print(
+                    "  " + ", ".join(f"{k} {v:.2f}" for k, v in results[name][-1].items()),
+                    flush=True,
+                )
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT)
     print(f"\n| measure (median of {args.rounds}) | {args.rev} | working tree | after/before |")

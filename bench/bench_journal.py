@@ -30,6 +30,7 @@ def _ticket() -> Any:
     from scheduler.core.policy import Decision, Policy, Term
     from scheduler.core.priority import Band
     from scheduler.dispatcher import Outcome, Ticket
+
     model = SimpleNamespace(id="m")  # all a record reads of the model
     loop = asyncio.new_event_loop()
     ticket = Ticket(

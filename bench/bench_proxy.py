@@ -154,6 +154,7 @@ class Server:
         *,
         model_module: str = "fakellm",
         stages_out: Path | None = None,
+        root: Path = ROOT,
     ) -> None:
         self.port = free_port()
         self.model_port = free_port()
@@ -187,7 +188,7 @@ class Server:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             cmd,
-            cwd=ROOT,
+            cwd=root,
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -474,8 +475,10 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
         await reader.readexactly(size + 2)
 
 
-async def _rps(port: int, clients: int, warmup: float, seconds: float, pid: int) -> dict:
-    raw = post_bytes(port, CHAT)
+async def _rps(
+    port: int, clients: int, warmup: float, seconds: float, pid: int, body: dict = CHAT
+) -> dict:
+    raw = post_bytes(port, body)
     counts = {"ok": 0, "errors": 0}
     window: dict[str, float] = {}
     measuring = False
@@ -518,8 +521,10 @@ async def _rps(port: int, clients: int, warmup: float, seconds: float, pid: int)
     }
 
 
-def rps(port: int, pid: int, seconds: float) -> dict:
-    return asyncio.run(_rps(port, RPS_CLIENTS, RPS_WARMUP_S, seconds, pid))
+def rps(
+    port: int, pid: int, seconds: float, body: dict = CHAT, warmup: float = RPS_WARMUP_S
+) -> dict:
+    return asyncio.run(_rps(port, RPS_CLIENTS, warmup, seconds, pid, body))
 
 
 def stream_rate(port: int) -> dict:

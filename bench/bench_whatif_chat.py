@@ -33,7 +33,11 @@ def record_history(database_url: str, rows: int = HISTORY) -> None:
         "record_run(simulate(trace, SchedulerSettings(), GENERATED_LOAD_SECONDS), trace,"
         " GENERATED_LOAD_SECONDS)\n"
     )
-    env = {**os.environ, "DATABASE_URL": database_url, "DJANGO_SETTINGS_MODULE": "llamaswap_site.settings"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "DJANGO_SETTINGS_MODULE": "llamaswap_site.settings",
+    }
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, timeout=300)
 
 

@@ -41,7 +41,10 @@ def main(messages: int = 20_000, seconds: float = 15) -> str:
     with (
         tempfile.TemporaryDirectory() as tmp,
         serve(
-            Path(tmp), {"m": fake_model(port, load_seconds=60)}, {"healthCheckTimeout": 120}, grace=0.5
+            Path(tmp),
+            {"m": fake_model(port, load_seconds=60)},
+            {"healthCheckTimeout": 120},
+            grace=0.5,
         ) as server,
         ThreadPoolExecutor(26) as pool,
         httpx.Client(timeout=30) as http,
