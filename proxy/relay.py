@@ -42,7 +42,7 @@ from scheduler.keys import ApiKey
 from scheduler.process import ModelStartError
 from scheduler.runtime import UpstreamPool
 from web import cancel, captures
-from web.errors import REQUEST_ID_HEADER, error_body, error_response
+from web.errors import REQUEST_ID_HEADER, clip, error_body, error_response
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -488,11 +488,16 @@ async def stream_answer(
         await _went_silent(turn, "its stream")  # the stream ends without [DONE]
         return
     except httpx.HTTPError as exc:
-        # The model died mid-stream: end the response without [DONE].
-        turn.note(
-            Outcome.FAILED, upstream.status_code, f"stream broken: {type(exc).__name__}: {exc}"
-        )
+        # The model (or the peer) died mid-stream: no [DONE]; an event stream ends with an
+        # error event (OpenAI's shape) so that a client tells a cut from a finished answer.
+        why = f"{type(exc).__name__}: {exc}"
+        turn.note(Outcome.FAILED, upstream.status_code, f"stream broken: {why}")
         turn.suspect = True
+        if upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            ended = not recent or recent[-1].endswith((b"\n\n", b"\r\n\r\n"))
+            message = f"the model's stream broke off before it finished ({clip(why)})"
+            event = b"data: " + error_body(502, message, "upstream_stream_broken") + b"\n\n"
+            yield event if ended else b"\n\n" + event
         return
     except asyncio.CancelledError:
         task = asyncio.current_task()

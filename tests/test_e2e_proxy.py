@@ -261,14 +261,16 @@ def test_disconnect_while_streaming_starts_the_next_job_at_once(tmp_path):
         assert records[0]["disconnected"]
 
 
-def test_model_crash_mid_stream_ends_without_done_and_restarts(tmp_path):
+def test_model_crash_mid_stream_ends_with_an_error_event_and_restarts(tmp_path):
     port = free_port_block(1)
     with serve(tmp_path, {"m": fake_model(port)}) as server:
         body = chat("m", stream=True, fake_tokens=50, fake_crash_after=3)
         with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=20) as r:
             text = "".join(r.iter_text())
         events = sse_events(text)
-        assert len(events) >= 1 and "[DONE]" not in events
+        assert len(events) >= 2 and "[DONE]" not in events
+        # The client is told the answer was cut, not finished (OpenAI's error event).
+        assert json.loads(events[-1])["error"]["code"] == "upstream_stream_broken", events[-1]
         again = httpx.post(server.url + "/v1/chat/completions", json=chat("m"), timeout=20)
         assert again.status_code == 200
 

@@ -170,10 +170,11 @@ async def test_a_peer_that_dies_mid_stream_is_recorded_once_as_the_client_saw_it
         call = await post(
             world, "remote/qwen-remote", stream=True, max_tokens=8, fake_crash_after=3
         )
-        # The client got the first chunks, then the stream ended without [DONE].
+        # The client got the first chunks, then an error event and no [DONE].
         assert call.status == 200
         events = [line[6:] for line in call.body.decode().splitlines() if line.startswith("data: ")]
-        assert len(events) == 4 and "[DONE]" not in events  # the role, then three tokens
+        assert len(events) == 5 and "[DONE]" not in events  # the role, three tokens, the error
+        assert json.loads(events[-1])["error"]["code"] == "upstream_stream_broken"
         # Ended once, when the handler closed the request, as the client saw it: failed.
         assert seen.ends == [(call.request_id, Outcome.FAILED, 200)]
         ticket = seen.tickets[call.request_id]
