@@ -19,7 +19,7 @@ from django.utils.safestring import SafeString
 
 from control import keys as issued
 from control.html import timetag
-from control.models import SCOPE_CHOICES, AccessControl, IssuedKey
+from control.models import SCOPE_CHOICES, AccessControl, IssuedKey, SchedulerSettingsRecord
 from control.settings_admin import ADMIN_JS
 from scheduler.config import ConfigError, key_policy
 from scheduler.keys import DEFAULT_SCOPES, KeyPolicy, Scope
@@ -40,6 +40,8 @@ _POLICY_FIELDS = {  # key_policy()'s error key -> form field
     "priority.ceiling": "priority_ceiling",
     "priority.offset": "priority_offset",
 }
+MAX_KEY_NODES = 256
+"""The most node names a key may be limited to (as many nodes as a fleet view keeps)."""
 PRIORITY_HELP = "An integer, or interactive (100), normal (0) or batch (-100)."
 
 
@@ -74,14 +76,45 @@ class IssuedKeyForm(_KeyForm):
         "without scopes). A staff login reaches everything.",
     )
 
+    nodes = forms.CharField(
+        label="Nodes",
+        required=False,
+        help_text="Fleet mode: the node names the key works on, separated by commas or "
+        "spaces; empty: every node (and a single box).",
+    )
+
     class Meta:
         model = IssuedKey
-        fields = ["name", "priority_default", "priority_ceiling", "priority_offset", "scopes"]
+        fields = [
+            "name",
+            "priority_default",
+            "priority_ceiling",
+            "priority_offset",
+            "scopes",
+            "nodes",
+        ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.instance.pk is not None:  # [] stored by an older version: inference
             self.initial["scopes"] = sorted(s.value for s in self.instance.scope_set)
+            self.initial["nodes"] = ", ".join(self.instance.nodes or ())
+
+    def clean_nodes(self) -> list[str]:
+        """``box-a, box-b`` -> ``["box-a", "box-b"]``: sorted, once each, bounded."""
+        raw = self.cleaned_data.get("nodes") or ""
+        if isinstance(raw, list):  # the stored list, as the form's initial
+            raw = " ".join(str(n) for n in raw)
+        names = sorted(set(raw.replace(",", " ").split()))
+        too_long = [n for n in names if len(n) > SchedulerSettingsRecord.MAX_NODE]
+        if too_long:
+            raise ValidationError(
+                f"nodes: a node name has at most {SchedulerSettingsRecord.MAX_NODE} "
+                f"characters, got {too_long[0][:80]!r}"
+            )
+        if len(names) > MAX_KEY_NODES:
+            raise ValidationError(f"nodes: at most {MAX_KEY_NODES} names, got {len(names)}")
+        return names
 
     def clean_scopes(self) -> list[str]:
         chosen = self.cleaned_data.get("scopes") or [s.value for s in DEFAULT_SCOPES]
@@ -137,6 +170,7 @@ class IssuedKeyAdmin(_KeyAdmin):
         "key_prefix",
         "policy",
         "scope_list",
+        "node_list",
         "created",
         "created_by",
         "revoked",
@@ -148,7 +182,7 @@ class IssuedKeyAdmin(_KeyAdmin):
         js = ADMIN_JS
 
     def get_fields(self, request: HttpRequest, obj: IssuedKey | None = None) -> list[Any]:
-        policy = ["priority_default", "priority_ceiling", "priority_offset", "scopes"]
+        policy = ["priority_default", "priority_ceiling", "priority_offset", "scopes", "nodes"]
         if obj is None:
             return ["name", *policy]
         return ["name", "key_prefix", *policy, "created", "created_by", "revoked"]
@@ -173,6 +207,10 @@ class IssuedKeyAdmin(_KeyAdmin):
     @admin.display(description="scopes")
     def scope_list(self, obj: IssuedKey) -> str:
         return ", ".join(sorted(s.value for s in obj.scope_set))
+
+    @admin.display(description="nodes")
+    def node_list(self, obj: IssuedKey) -> str:
+        return ", ".join(obj.nodes or ()) or "every node"
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: IssuedKey) -> SafeString | str:

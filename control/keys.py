@@ -29,7 +29,7 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from control import changes
-from control.models import AccessControl, IssuedKey, SettingsChange
+from control.models import AccessControl, IssuedKey, SettingsChange, this_node
 from scheduler import runtime
 from scheduler.keys import ApiKey, KeyRing, digest
 
@@ -57,13 +57,16 @@ def assign(record: IssuedKey, key: str) -> None:
     record.prefix = display_prefix(key)
 
 
-def issued_keys() -> dict[str, ApiKey]:
-    """The issued keys in force, by digest (revoked ones left out), as the ring takes them."""
+def issued_keys(node: str | None = None) -> dict[str, ApiKey]:
+    """The issued keys in force on ``node`` (default: this server's), by digest, as the
+    ring takes them: revoked ones and those limited to other nodes left out."""
+    node = this_node() if node is None else node
     return {
         record.digest: ApiKey(
             name=record.name, policy=record.policy, source="admin", scopes=record.scope_set
         )
         for record in IssuedKey.objects.filter(revoked_at__isnull=True)
+        if record.valid_on(node)
     }
 
 

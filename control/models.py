@@ -13,6 +13,7 @@ previous start, and then the config file wins.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from scheduler.core import settings as table
@@ -27,10 +28,32 @@ SCOPE_CHOICES = [
 ]
 
 
+def this_node() -> str:
+    """This server's node name (``--node`` / ``LLAMASWAP_NODE``, set by ``serve`` before
+    the control rows are read); "" on a single box."""
+    return str(getattr(settings, "LLAMASWAP_NODE", "") or "")[: SchedulerSettingsRecord.MAX_NODE]
+
+
 class SchedulerSettingsRecord(models.Model):
-    """The scheduler settings in effect: one row (pk 1)."""
+    """The scheduler settings: the fleet row (pk 1, ``node`` ""), and in a fleet one row
+    per named node (docs/fleet.md). A server without a node name is a fleet of one: the
+    fleet row is its row, its config file merged into it as before. A named node never
+    writes its config file into the fleet row: it takes the fleet row's admin edits
+    (``admin_overrides`` and their ``values``) and keeps its config file, its own edits
+    and the values in effect on it in its own row."""
 
     SINGLETON_PK = 1
+    """The fleet row's."""
+    MAX_NODE = 64
+
+    node = models.CharField(
+        max_length=MAX_NODE,
+        unique=True,
+        default="",
+        blank=True,
+        editable=False,
+        help_text="Empty: the fleet row (every node); else the node these values apply to.",
+    )
 
     values = models.JSONField(
         default=dict,
@@ -50,6 +73,14 @@ class SchedulerSettingsRecord(models.Model):
         blank=True,
         help_text="Keys whose value comes from an admin edit: key -> {by, at}.",
     )
+    config_wins = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text=(
+            "A node's row: keys whose config file changed after a fleet edit of them: "
+            "key -> that edit's at (a newer fleet edit applies again)."
+        ),
+    )
     updated_at = models.DateTimeField(auto_now=True)
     updated_by = models.CharField(max_length=150, blank=True, default="")
 
@@ -59,7 +90,7 @@ class SchedulerSettingsRecord(models.Model):
         verbose_name_plural = "scheduler settings"
 
     def __str__(self) -> str:
-        return " ".join(f"{name}={value}" for name, value in (self.values or {}).items())
+        return f"node {self.node}" if self.node else "fleet-wide"
 
 
 class SettingsChange(models.Model):
@@ -77,6 +108,12 @@ class SettingsChange(models.Model):
     new = models.JSONField(null=True)
     source = models.CharField(
         max_length=20, choices=[(SOURCE_ADMIN, "admin"), (SOURCE_CONFIG, "config file")]
+    )
+    node = models.CharField(
+        max_length=SchedulerSettingsRecord.MAX_NODE,
+        blank=True,
+        default="",
+        help_text="The node whose values changed; empty: fleet-wide (or a single box).",
     )
 
     class Meta:
@@ -118,6 +155,11 @@ class IssuedKey(models.Model):
         blank=True,
         help_text="What the key may reach (scheduler.keys.Scope names); empty: inference only.",
     )
+    nodes = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="The node names the key works on; empty: every node (and a single box).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=150, blank=True, default="")
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -137,6 +179,10 @@ class IssuedKey(models.Model):
             ceiling=self.priority_ceiling,
             offset=self.priority_offset or 0,
         )
+
+    def valid_on(self, node: str) -> bool:
+        """Whether the key works on ``node`` (its ring holds it): no restriction, or named."""
+        return not self.nodes or node in self.nodes
 
     @property
     def scope_set(self) -> frozenset[Scope]:

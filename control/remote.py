@@ -7,8 +7,7 @@ import logging
 from django.db import DatabaseError, close_old_connections
 
 from control import keys, settings_store
-from control.models import SchedulerSettingsRecord
-from scheduler.core.settings import describe_source
+from control.models import this_node
 
 log = logging.getLogger("llamaswap.control")
 
@@ -20,13 +19,11 @@ def apply_remote(kind: str, node: str) -> None:
     try:
         if kind == "keys":
             keys.reload()
-        elif kind == "settings":
-            pk = SchedulerSettingsRecord.SINGLETON_PK
-            record = SchedulerSettingsRecord.objects.filter(pk=pk).first()
-            if record is not None:
-                settings = settings_store.to_settings(settings_store.record_values(record))
-                source = describe_source(record.admin_overrides or {})
-                settings_store.push_to_dispatcher(settings, f"{source} (saved on {node})")
+        elif kind == "settings":  # the fleet row's edits under this node's own
+            effective = settings_store.effective_on(this_node())
+            if effective is not None:
+                source = f"{effective.source} (saved on {node})"
+                settings_store.push_to_dispatcher(effective.settings, source)
         log.info("fleet: control rows read again", extra={"kind": kind, "node": node})
     except (DatabaseError, ValueError) as exc:
         log.warning(

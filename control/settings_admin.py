@@ -28,7 +28,7 @@ from django.utils.text import capfirst
 from control import changes as fleet_changes
 from control import settings_store
 from control.html import timetag
-from control.models import SchedulerSettingsRecord, SettingsChange
+from control.models import SchedulerSettingsRecord, SettingsChange, this_node
 from scheduler.config import ConfigError, resolve_fifo_priority
 from scheduler.core.policy import SchedulerSettings, SettingsError
 from scheduler.core.priority import BANDS
@@ -45,7 +45,9 @@ else:
 PRECEDENCE = (
     "A saved value reaches the running scheduler for its next pick, and stays in effect "
     "after a restart, until the config file's value for the same key changes: then the "
-    "config file wins. Keys never edited here follow the config file."
+    "config file wins. Keys never edited here follow the config file. In a fleet, the "
+    "row for every node holds fleet-wide edits and a node's row edits for that node "
+    "alone: its config file < fleet-wide edit < its own edit."
 )
 
 BOUNDS_HELP = (
@@ -395,12 +397,24 @@ class SchedulerSettingsAdmin(_RecordAdmin):
         values = settings_store.record_values(obj)
         config = obj.config_values or {}
         overrides = obj.admin_overrides or {}
+        fleet = SchedulerSettingsRecord.objects.filter(node="").first() if obj.node else None
+        fleet_edits = (fleet.admin_overrides or {}) if fleet is not None else {}
+        wins = obj.config_wins or {}
         rows = []
         for key in settings_store.FIELDS:
-            info = overrides.get(key)
+            info, fleet_info = overrides.get(key), fleet_edits.get(key)
             if info:
                 source = format_html(
-                    "admin edit by {} at {}", info.get("by") or "?", _stamp_tag(info.get("at", ""))
+                    "admin edit{} by {} at {}",
+                    " for this node" if obj.node else "",
+                    info.get("by") or "?",
+                    _stamp_tag(info.get("at", "")),
+                )
+            elif fleet_info and wins.get(key) != fleet_info.get("at"):
+                source = format_html(
+                    "fleet-wide admin edit by {} at {}",
+                    fleet_info.get("by") or "?",
+                    _stamp_tag(fleet_info.get("at", "")),
                 )
             else:
                 source = format_html("{}", SOURCE_CONFIG)
@@ -427,8 +441,14 @@ class SchedulerSettingsAdmin(_RecordAdmin):
     def last_changed(self, obj: SchedulerSettingsRecord) -> SafeString | str:
         return timetag(obj.updated_at, "zoned") if obj.updated_at else "–"
 
+    list_display = ["applies_to", "updated_by", "last_changed"]
+
+    @admin.display(description="applies to", ordering="node")
+    def applies_to(self, obj: SchedulerSettingsRecord) -> str:
+        return f"node {obj.node} (over the fleet-wide edits)" if obj.node else "every node"
+
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return not SchedulerSettingsRecord.objects.exists() and super().has_add_permission(request)
+        return False  # the fleet row: the list creates it; a node's row: its first start
 
     def has_delete_permission(
         self, request: HttpRequest, obj: SchedulerSettingsRecord | None = None
@@ -437,9 +457,11 @@ class SchedulerSettingsAdmin(_RecordAdmin):
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
-    ) -> HttpResponseRedirect:
-        """There is one row: go straight to it (created from the running settings if the
-        server has not stored any yet)."""
+    ) -> Any:
+        """One row (a single box): go straight to it (created from the running settings if
+        the server has not stored any yet). A fleet: the fleet row and each node's row."""
+        if SchedulerSettingsRecord.objects.exclude(node="").exists():
+            return super().changelist_view(request, extra_context)
         record = SchedulerSettingsRecord.objects.filter(
             pk=SchedulerSettingsRecord.SINGLETON_PK
         ).first()
@@ -462,6 +484,14 @@ class SchedulerSettingsAdmin(_RecordAdmin):
             return
         # fleet mode: every other node reads it again, once it is committed
         transaction.on_commit(lambda: fleet_changes.changed("settings"), robust=True)
+        here = this_node()
+        if obj.node and obj.node != here:
+            self.message_user(request, f"Saved: node {obj.node} applies it.")
+            return
+        if here:  # a named node: the fleet row's edits under its own, over its config file
+            effective = settings_store.effective_on(here)
+            if effective is not None:
+                settings, source = effective.settings, effective.source
         if settings_store.push_to_dispatcher(settings, source):
             self.message_user(request, "Applied to the running scheduler from its next pick on.")
         else:
@@ -488,8 +518,8 @@ def _initial_record() -> SchedulerSettingsRecord:
 
 @admin.register(SettingsChange)
 class SettingsChangeAdmin(_ChangeAdmin):
-    list_display = ["when", "who", "field", "old_value", "new_value", "source"]
-    list_filter = ["source", "field"]
+    list_display = ["when", "who", "field", "old_value", "new_value", "source", "node"]
+    list_filter = ["source", "field", "node"]
 
     class Media:
         js = ADMIN_JS

@@ -18,8 +18,7 @@ def from_settings(
     records' ``node`` from now on; with ``REDIS_URL`` too, the fleet this node joins (its
     URL: ``LLAMASWAP_NODE_URL``, else the listen address, the host name for every
     interface). None outside fleet mode."""
-    name = (node or settings.LLAMASWAP_NODE).strip()
-    settings.LLAMASWAP_NODE = name
+    name = node_name(node)
     if not enabled(settings.REDIS_URL, name):
         return None
     _own_channel_layer(name)
@@ -27,6 +26,14 @@ def from_settings(
     where = f"[{where}]" if ":" in where else where
     url = settings.LLAMASWAP_NODE_URL or f"{'https' if tls else 'http'}://{where}:{port}"
     return Fleet(name, url, settings.REDIS_URL, dispatcher, prefix=settings.LLAMASWAP_FLEET_PREFIX)
+
+
+def node_name(node: str) -> str:
+    """This server's name (``--node``, else ``LLAMASWAP_NODE``), stored in the setting
+    that the records and the control rows (``control.models.this_node``) read."""
+    name = (node or settings.LLAMASWAP_NODE).strip()
+    settings.LLAMASWAP_NODE = name
+    return name
 
 
 def _own_channel_layer(name: str) -> None:

@@ -108,3 +108,41 @@ def test_rows_written_before_the_move_are_read_by_the_control_models():
     effective = settings_store.apply_at_start(config)
     assert effective.settings.swap_affinity_bonus == 30
     assert effective.source.startswith("admin edit: swapAffinityBonus by alice")
+
+
+BEFORE_NODES = ("control", "0001_initial")
+"""The last state before per-node overrides (control 0002)."""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_written_before_per_node_overrides_become_the_fleet_wide_ones():
+    executor = _migrate([BEFORE_NODES])
+    try:
+        old = executor.loader.project_state(BEFORE_NODES).apps
+        old.get_model("control", "SchedulerSettingsRecord").objects.create(
+            pk=1,
+            values=STORED,
+            config_values={**STORED, "swapAffinityBonus": 10},
+            admin_overrides={"swapAffinityBonus": {"by": "alice", "at": "2026-12-01 04:10:17 UTC"}},
+        )
+        old.get_model("control", "SettingsChange").objects.create(
+            who="alice", field="swapAffinityBonus", old=10, new=30, source="admin"
+        )
+        old.get_model("control", "IssuedKey").objects.create(
+            name="farm", digest=digest(KEY), prefix=KEY[:21], scopes=["inference"]
+        )
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+
+    record = SchedulerSettingsRecord.objects.get()
+    assert (record.node, record.values, record.config_wins) == ("", STORED, {})
+    assert SettingsChange.objects.get().node == ""
+    key = IssuedKey.objects.get()
+    assert key.nodes == [] and key.valid_on("box-a") and key.valid_on("")
+    # The box's admin edit is now fleet-wide: a named node starting with its own config
+    # file takes it, and keeps its own values for the rest.
+    config = SchedulerSettings.create(aging_divisor=7)
+    effective = settings_store.apply_at_start(config, "box-a")
+    assert (effective.settings.swap_affinity_bonus, effective.settings.aging_divisor) == (30, 7)
+    assert SchedulerSettingsRecord.objects.get(node="").values == STORED  # not overwritten

@@ -324,3 +324,46 @@ async def test_a_key_revoked_in_the_admin_stops_working_on_the_very_next_request
         await refused.done()
         assert refused.status == 401
         assert b"www-authenticate" not in refused.headers  # no Basic challenge by default
+
+
+# -- a fleet: keys for every node, or limited to some ------------------------------------------
+
+
+def test_a_key_limited_to_some_nodes_is_in_their_rings_only(admin_client, settings):
+    everywhere, _ = _add(admin_client, "everywhere")
+    only_b, _ = _add(admin_client, "only-b", nodes="box-b, box-c box-b")
+    assert IssuedKey.objects.get(name="only-b").nodes == ["box-b", "box-c"]
+    assert set(issued.issued_keys("box-b")) == {digest(everywhere), digest(only_b)}
+    assert set(issued.issued_keys("box-a")) == {digest(everywhere)}
+    assert set(issued.issued_keys("")) == {digest(everywhere)}  # a single box: unlimited ones
+    # What a client notices: box-a's ring refuses the key, box-b's takes it.
+    settings.LLAMASWAP_NODE = "box-a"
+    ring_a = KeyRing()
+    issued.reload(ring_a)
+    settings.LLAMASWAP_NODE = "box-b"
+    ring_b = KeyRing()
+    issued.reload(ring_b)
+    assert ring_a.lookup(only_b) is None and ring_a.lookup(everywhere) is not None
+    assert ring_b.lookup(only_b) == ApiKey("only-b", KeyPolicy(), source="admin")
+    # Lifting the limit: every node.
+    record = IssuedKey.objects.get(name="only-b")
+    edit = reverse("admin:control_issuedkey_change", args=[record.pk])
+    page = admin_client.get(edit).content.decode()
+    assert 'value="box-b, box-c"' in page
+    data = {"name": "only-b", "priority_default": "", "priority_ceiling": "", "nodes": ""}
+    assert admin_client.post(edit, {**data, "priority_offset": "0"}).status_code == 302
+    assert set(issued.issued_keys("box-a")) == {digest(everywhere), digest(only_b)}
+
+
+@pytest.mark.parametrize(
+    ("nodes", "message"),
+    [
+        ("x" * 65, "nodes: a node name has at most 64 characters"),
+        (" ".join(f"n{i}" for i in range(257)), "nodes: at most 256 names, got 257"),
+    ],
+)
+def test_the_node_list_is_bounded(nodes, message):
+    data = {"name": "k", "priority_default": "", "priority_ceiling": "", "priority_offset": "0"}
+    form = IssuedKeyForm(data={**data, "nodes": nodes})
+    assert not form.is_valid()
+    assert message in " ".join(form.errors["nodes"]), form.errors

@@ -94,7 +94,7 @@ def test_keys_never_edited_follow_the_config_file():
 def test_without_tables_the_config_file_is_used(monkeypatch):
     from django.db import DatabaseError
 
-    def broken(settings):
+    def broken(settings, node=""):
         raise DatabaseError("no such table: dashboard_schedulersettingsrecord")
 
     monkeypatch.setattr("control.settings_store.apply_at_start", broken)

@@ -548,17 +548,109 @@ def note_admin_edit(
     return Merged({name: new.get(name) for name in NAMES}, kept, changed)
 
 
+# -- a fleet: config file < fleet-wide admin edit < this node's admin edit --------------------
+# A named node never writes its config file into the fleet row: the fleet row contributes
+# only its admin edits (``overrides`` and their values); each node merges its own config
+# file under them, in its own row.
+
+FROM_CONFIG, FROM_FLEET, FROM_NODE = "config", "fleet", "node"
+"""Where a value in effect on a node comes from (:attr:`Layered.sources`)."""
+
+
+@dataclass(frozen=True)
+class Layered:
+    """The outcome of :func:`layered` or :func:`merge_node_at_start`."""
+
+    values: dict[str, Any]
+    """The values in effect on the node, by YAML name."""
+    sources: dict[str, str]
+    """name -> :data:`FROM_CONFIG`, :data:`FROM_FLEET` or :data:`FROM_NODE`."""
+    node_overrides: dict[str, Any]
+    """The node's own admin edits still in force."""
+    config_wins: dict[str, Any]
+    """name -> the ``at`` of a fleet edit this node's changed config file outranks."""
+    changed: list[tuple[str, Any, Any]]
+    """(name, old, new) for each value in effect that changed."""
+
+
+def layered(
+    config: Mapping[str, Any],
+    fleet_values: Mapping[str, Any],
+    fleet_overrides: Mapping[str, Any],
+    node_values: Mapping[str, Any],
+    node_overrides: Mapping[str, Any],
+    config_wins: Mapping[str, Any] = MappingProxyType({}),
+) -> Layered:
+    """The precedence on a node, per key: its own admin edit (``node_overrides``, the value
+    in ``node_values``), else a fleet-wide admin edit (``fleet_overrides``, the value in
+    ``fleet_values``) unless this node's config file changed after it (``config_wins``
+    holds that edit's ``at``), else its config file. ``changed`` compares with
+    ``node_values`` (the values in effect before)."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    wins: dict[str, Any] = {}
+    changed: list[tuple[str, Any, Any]] = []
+    for name in NAMES:
+        fleet_edit = fleet_overrides.get(name)
+        fleet_at = fleet_edit.get("at") if isinstance(fleet_edit, Mapping) else None
+        if name in config_wins and fleet_edit is not None and config_wins[name] == fleet_at:
+            wins[name] = config_wins[name]  # a newer fleet edit (another ``at``) applies again
+        if name in node_overrides:
+            values[name], sources[name] = node_values.get(name), FROM_NODE
+        elif fleet_edit is not None and name not in wins:
+            values[name], sources[name] = fleet_values.get(name), FROM_FLEET
+        else:
+            values[name], sources[name] = config.get(name), FROM_CONFIG
+        if node_values.get(name) != values[name]:
+            changed.append((name, node_values.get(name), values[name]))
+    return Layered(values, sources, dict(node_overrides), wins, changed)
+
+
+def merge_node_at_start(
+    config: Mapping[str, Any],
+    previous_config: Mapping[str, Any] | None,
+    fleet_values: Mapping[str, Any],
+    fleet_overrides: Mapping[str, Any],
+    node_values: Mapping[str, Any],
+    node_overrides: Mapping[str, Any],
+    config_wins: Mapping[str, Any],
+) -> Layered:
+    """A named node's start or reload (``previous_config`` None: its first start, as if its
+    config file had always said this). As on one box, a key whose config file value
+    changed since the node's previous start follows the config file on this node: its own
+    edit of that key is dropped, and a fleet edit of it is outranked here (until a newer
+    fleet edit). Then :func:`layered`."""
+    previous = config if previous_config is None else previous_config
+    kept = dict(node_overrides)
+    wins = dict(config_wins)
+    for name in NAMES:
+        if previous.get(name) == config.get(name):
+            continue
+        kept.pop(name, None)
+        fleet_edit = fleet_overrides.get(name)
+        if isinstance(fleet_edit, Mapping):
+            wins[name] = fleet_edit.get("at")
+    return layered(config, fleet_values, fleet_overrides, node_values, kept, wins)
+
+
 SOURCE_CONFIG = "config file"
 """Where values come from when no admin edit is in force."""
 
 
-def describe_source(overrides: Mapping[str, Mapping[str, str]]) -> str:
+def describe_source(
+    overrides: Mapping[str, Mapping[str, str]], sources: Mapping[str, str] | None = None
+) -> str:
     """Where the values in effect come from, in words (the dashboard, the dispatcher's
-    ``settings_source``): the config file, or the admin edits in force and by whom."""
+    ``settings_source``): the config file, or the admin edits in force and by whom. On a
+    named node, ``overrides`` holds the fleet's and the node's edits and ``sources`` (from
+    :func:`layered`) says which is in force: "(fleet-wide)" or "(this node)"."""
+    tag = {FROM_FLEET: " (fleet-wide)", FROM_NODE: " (this node)"}
     parts = [
         f"{name} by {info.get('by') or '?'} at {info.get('at', '?')}"
+        + (tag.get(sources.get(name, ""), "") if sources is not None else "")
         for name in NAMES
         if (info := overrides.get(name))
+        and (sources is None or sources.get(name, FROM_CONFIG) != FROM_CONFIG)
     ]
     if not parts:
         return SOURCE_CONFIG

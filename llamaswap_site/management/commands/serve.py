@@ -205,8 +205,10 @@ class Command(BaseCommand):
         # file's value for that key changed since the last start (scheduler.core.settings.merge_at_start).
         from control.keys import reload_at_start as reload_issued_keys
         from control.settings_store import apply_at_start_or_config
+        from fleet.wiring import node_name
 
-        stored = apply_at_start_or_config(config.scheduler)
+        # A named node merges its config file under the fleet's and its own edits (docs/fleet.md).
+        stored = apply_at_start_or_config(config.scheduler, node_name(options["node"]))
         config = dataclasses.replace(config, scheduler=stored.settings)
 
         from llamaswap_site.observers import build_observers, replay_activity_journals
