@@ -47,6 +47,9 @@ DEFAULT_CAPACITY = 10_000
 DEFAULT_BATCH = 500
 DEFAULT_INTERVAL = 0.5
 MAX_BACKOFF = 10.0
+DELAYED_AFTER = 2.0
+"""Seconds a record may wait in the buffer before it counts as delayed (four batch
+intervals: a write that hangs, not one that fails)."""
 REPLAY_RETRY = 30.0
 """Seconds between two replays of dead servers' journals that the database refused."""
 
@@ -151,6 +154,16 @@ class Recorder:
     def pending(self) -> int:
         """Records waiting to be saved."""
         return len(self._buffer)
+
+    @property
+    def delayed(self) -> int:
+        """Records held because the database is away: its last write failed, or the
+        oldest record has waited :data:`DELAYED_AFTER` seconds (a write that hangs). 0
+        while it keeps pace. The fleet shows it (``fleet.node``)."""
+        buffer = self._buffer
+        if buffer and (self._failures or self._clock() - buffer[0][2] >= DELAYED_AFTER):
+            return len(buffer)
+        return 0
 
     async def start(self) -> None:
         if self._task is not None:

@@ -10,7 +10,9 @@ node sees it, so a scrape of any node adds up to the fleet:
 * ``llamaswap_fleet_model_loaded{node,model}``: 1 per model ready on a node;
 * ``llamaswap_fleet_queue_depth{node,band}``: each node's waiting requests per band (its
   own published figure: this node's gauges sum to the fleet's queue);
-* ``llamaswap_fleet_placed_total{node}``: requests this node sent to another node.
+* ``llamaswap_fleet_placed_total{node}``: requests this node sent to another node;
+* ``llamaswap_fleet_records_delayed{node}``: records a node holds (journaled) because the
+  shared database is away from it, as it last said: the history lacks them until then.
 """
 
 from __future__ import annotations
@@ -58,7 +60,13 @@ class FleetCollector(Collector):
             "Requests being served on each node (the node's last view).",
             labels=["node"],
         )
+        delayed = GaugeMetricFamily(
+            "llamaswap_fleet_records_delayed",
+            "Records a node holds because the shared database is away from it (its last word).",
+            labels=["node"],
+        )
         for row in state["nodes"]:
+            delayed.add_metric([row["node"]], row["delayed"])
             node_up.add_metric([row["node"]], 1 if row["up"] else 0)
             running.add_metric([row["node"]], row["running"])
             for model in row["loaded"]:
@@ -76,7 +84,7 @@ class FleetCollector(Collector):
         )
         for node, count in sorted(fleet.placed_to.items()):
             placed.add_metric([node], count)
-        return [nodes, node_up, degraded, depth, running, loaded, placed]
+        return [nodes, node_up, degraded, depth, running, loaded, placed, delayed]
 
 
 COLLECTOR = FleetCollector()

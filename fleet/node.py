@@ -21,7 +21,11 @@ working on every node within a moment.
 
 Redis down: both tasks retry with a backoff (0.1 s doubling to 2 s), the view says
 ``degraded`` and placement keeps every request here; the node serves its own models
-throughout. No request ever waits on Redis: the request path reads the view in memory.
+throughout. No request ever waits on Redis: the request path reads the view in memory. A
+subscription that hears nothing, not even this node's own heartbeats, for
+:data:`DOWN_SECONDS` while they go out is dead (Redis forgot it; no reset came): it is
+made again. Each message carries the records this node holds because the database is away
+(``delayed``, from the recorder), so every node shows them.
 """
 
 from __future__ import annotations
@@ -36,10 +40,12 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from activity.recorder import Recorder
 from control import changes, remote
-from fleet.view import BadMessage, FleetView, decode, encode, local_view, shape
+from fleet.view import BadMessage, FleetView, decode_message, encode, local_view, shape
 from scheduler.core.placement import DOWN_SECONDS
 from scheduler.dispatcher import Dispatcher
 
@@ -86,11 +92,15 @@ class Fleet:
         self.token = secrets.token_hex(16)
         """Random per start: forwarded requests carry it to prove they come from here."""
         self.view = FleetView(here=node)
+        self._recorder = next((o for o in dispatcher.observers if isinstance(o, Recorder)), None)
+        """Its records held while the database is away are published (``delayed``)."""
         self.placed = 0
         """Requests this node sent to another node since it started."""
         self.placed_to: dict[str, int] = {}
         self._seq = 0
         self._pub_ok = False
+        self._published_at = float("-inf")
+        """When this node's view last went out (its own subscription hears it back)."""
         self._sub_ok = False
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -148,6 +158,7 @@ class Fleet:
         self.view.update(
             local_view(self.node, self.url, self.dispatcher, now), self.token, self._seq
         )
+        self.view.delayed[self.node] = self._recorder.delayed if self._recorder else 0
 
     def degraded(self) -> bool:
         return self.view.degraded
@@ -270,7 +281,7 @@ class Fleet:
                 view = self.view.views[self.node]
                 now = self.clock()
                 if shape(view) != last_shape or now - last_sent >= HEARTBEAT:
-                    message = encode(view, self.token, self._seq)
+                    message = encode(view, self.token, self._seq, self.view.delayed[self.node])
                     try:
                         if client is None:
                             client = self._client()
@@ -292,6 +303,7 @@ class Fleet:
                         continue
                     backoff = MIN_BACKOFF
                     last_shape, last_sent = shape(view), now
+                    self._published_at = self.clock()
                     self._set_health(pub=True)
                 await asyncio.sleep(TICK)
         finally:
@@ -318,8 +330,17 @@ class Fleet:
                         break
                 self._set_health(sub=True)
                 backoff = MIN_BACKOFF
+                heard = self.clock()
                 while not self._stopping:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=TICK)
+                    if message is not None:
+                        heard = self.clock()
+                    elif self._published_at - heard > DOWN_SECONDS:
+                        # This node's own heartbeats went out and never came back: Redis
+                        # forgot this subscription (a partition) and no reset reached it.
+                        raise RedisConnectionError(
+                            f"nothing heard for {DOWN_SECONDS:.0f} s while publishing"
+                        )
                     if message is not None and message.get("type") == "message":
                         if message.get("channel") in (self.control_channel, control):
                             self._control(message["data"])
@@ -342,7 +363,7 @@ class Fleet:
 
     def _take(self, raw: bytes | str) -> None:
         try:
-            view, token, seq = decode(raw, self.clock())
+            view, token, seq, delayed = decode_message(raw, self.clock())
         except BadMessage as exc:
             log.warning("fleet: a message that is not a node's view", extra={"why": str(exc)})
             return
@@ -351,7 +372,9 @@ class Fleet:
                 self._warned.add(token)
                 log.error("fleet: another server uses this node's name", extra={"node": self.node})
             return
-        if not self.view.update(view, token, seq) and view.node not in self.view.views:
+        if self.view.update(view, token, seq):
+            self.view.delayed[view.node] = delayed
+        elif view.node not in self.view.views:
             log.warning("fleet: too many nodes, one ignored", extra={"node": view.node})
 
 

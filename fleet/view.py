@@ -95,11 +95,13 @@ def shape(view: NodeView) -> tuple[Any, ...]:
     )
 
 
-def encode(view: NodeView, token: str, seq: int) -> bytes:
-    """The message a node publishes about itself."""
+def encode(view: NodeView, token: str, seq: int, delayed: int = 0) -> bytes:
+    """The message a node publishes about itself (``delayed``: records it holds because
+    the shared database is away, :attr:`FleetView.delayed`)."""
     return json.dumps(
         {
             "v": 1,
+            "delayed": delayed,
             "node": view.node,
             "url": view.url,
             "token": token,
@@ -141,6 +143,13 @@ def _str_map(value: Any, kind: Any) -> dict[str, Any]:
 def decode(raw: bytes | str, heard: float) -> tuple[NodeView, str, int]:
     """A published message as (view heard at ``heard``, the node's token, its sequence
     number). Raises :class:`BadMessage`."""
+    view, token, seq, _ = decode_message(raw, heard)
+    return view, token, seq
+
+
+def decode_message(raw: bytes | str, heard: float) -> tuple[NodeView, str, int, int]:
+    """:func:`decode`, and the records the node said it holds for the database
+    (``delayed``; 0 when the message has none)."""
     if len(raw) > MAX_MESSAGE_BYTES:
         raise BadMessage(f"message over {MAX_MESSAGE_BYTES} bytes")
     try:
@@ -172,6 +181,9 @@ def decode(raw: bytes | str, heard: float) -> tuple[NodeView, str, int]:
             wait={k: float(v) for k, v in _str_map(lane.get("wait", {}), int | float).items()},
             running=running,
         )
+    delayed = data.get("delayed", 0)
+    if not isinstance(delayed, int) or isinstance(delayed, bool) or delayed < 0:
+        raise BadMessage("delayed must be a count")
     default_load, service = data.get("default_load"), data.get("service")
     if not (_number(default_load) and _number(service)):
         raise BadMessage("default_load and service must be numbers")
@@ -188,7 +200,7 @@ def decode(raw: bytes | str, heard: float) -> tuple[NodeView, str, int]:
         service_seconds=float(service),
         heard=heard,
     )
-    return view, token, seq
+    return view, token, seq, delayed
 
 
 @dataclass
@@ -201,6 +213,9 @@ class FleetView:
     """Each node's token (random per start): a forwarded request proves its origin with it."""
     seqs: dict[str, int] = field(default_factory=dict)
     pending: dict[str, int] = field(default_factory=dict)
+    delayed: dict[str, int] = field(default_factory=dict)
+    """Records each node holds (journaled) because the shared database is away from it, as
+    it last said: the fleet's history lacks them until they arrive."""
     degraded: bool = True
     """Redis unreachable (or not yet reached): placement keeps every request here."""
     reason: str = "not connected yet"
@@ -275,6 +290,7 @@ class FleetView:
                     "models": models,
                     "depth": depth,
                     "running": sum(lane.running for lane in lanes),
+                    "delayed": self.delayed.get(name, 0),
                 }
             )
         return {
@@ -283,4 +299,5 @@ class FleetView:
             "status": f"degraded: {self.reason}" if self.degraded else "ok",
             "nodes": nodes,
             "up": sum(1 for n in nodes if n["up"]),
+            "records_delayed": sum(n["delayed"] for n in nodes),
         }
