@@ -68,6 +68,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "web.dbdown.DatabaseUnavailableMiddleware",  # a 503 saying so, not a 500
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -112,6 +113,20 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db.setdefault("OPTIONS", {}).setdefault(
         "init_command", "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"
     )
+elif _db["ENGINE"] == "django.db.backends.postgresql":
+    # A database that goes silent (a cut link, not a refused one) is noticed in seconds,
+    # not after the kernel's ~15 min TCP timeout: the activity writer and the pages on this
+    # node would wait that long. libpq's own keys; a DATABASE_URL's query string wins.
+    _options = _db.setdefault("OPTIONS", {})
+    for _key, _value in (
+        ("connect_timeout", 5),
+        ("keepalives", 1),
+        ("keepalives_idle", 10),
+        ("keepalives_interval", 5),
+        ("keepalives_count", 3),
+        ("tcp_user_timeout", 15_000),  # ms: a write no one acknowledges
+    ):
+        _options.setdefault(_key, _value)
 _db["ENGINE"] = _PROMETHEUS_ENGINES.get(_db["ENGINE"], _db["ENGINE"])
 
 
