@@ -133,7 +133,8 @@
       return '<div class="lane" data-node="' + esc(n.node) + '"><strong>' + esc(n.node) + "</strong>" +
         (n.here ? " (here)" : "") + ' <span class="state state-' + (n.up ? "ready" : "stopped") + '">' + up +
         "</span> " + (n.loaded.map(esc).join(" ") || "nothing loaded") + " · waiting " + n.depth.interactive +
-        " / " + n.depth.normal + " / " + n.depth.batch + " · " + n.running + " running</div>";
+        " / " + n.depth.normal + " / " + n.depth.batch + " · " + n.running + " running" +
+        (n.delayed ? ' · <span class="warn">' + n.delayed + " records waiting for the database</span>" : "") + "</div>";
     });
     box.innerHTML = '<div class="fleet-status"><strong>fleet</strong> ' + fleet.up + " of " + fleet.nodes.length +
       " up · " + esc(fleet.status) + "</div>" + nodes.join("");
