@@ -33,8 +33,8 @@ from django.template.loader import render_to_string
 from dashboard.access import api_refusal, login_needed
 from scheduler.core.estimate import WaitEstimator, spreads, wait_range
 from scheduler.core.priority import BANDS, band_of
-from web.cancel import CancelOutcome, cancel_request
-from web.errors import echo, error_response
+from web.cancel import cancel_answer
+from web.errors import error_response
 from web.runtime import maybe_runtime_of
 
 if TYPE_CHECKING:
@@ -413,19 +413,13 @@ async def cancel_view(request: HttpRequest, request_id: str) -> HttpResponse:
         who = f"{user.get_username()} (dashboard)"
     else:
         who = "dashboard (no API keys configured)"
-    outcome = cancel_request(request_id, by=who)
-    if outcome is CancelOutcome.NOT_FOUND:
-        return error_response(
-            404,
-            f"request {echo(request_id)} is not in flight (it ended, or never was)",
-            code="request_not_found",
-        )
-    was = "waiting" if outcome is CancelOutcome.CANCELLED_WAITING else "running"
-    try:
-        await sync_to_async(_audit, thread_sensitive=True)(who, request_id, was)
-    except Exception:
-        log.warning("cancel not recorded in the change log", exc_info=True)
-    return JsonResponse({"msg": "ok", "was": was})
+    response, was = cancel_answer(request_id, who)
+    if was is not None:
+        try:
+            await sync_to_async(_audit, thread_sensitive=True)(who, request_id, was)
+        except Exception:
+            log.warning("cancel not recorded in the change log", exc_info=True)
+    return response
 
 
 def _audit(who: str, request_id: str, was: str) -> None:

@@ -20,13 +20,8 @@ from web.runtime import runtime_of
 @csrf_exempt
 async def comfyui_redirect(request: HttpRequest) -> HttpResponse:
     """ANY /comfyui: to ``/comfyui/`` (the query kept), so the page's relative links
-    resolve; 301 for GET and HEAD, 308 otherwise, as llama-swap answers."""
-    location = passthrough.COMFYUI + "/"
-    if request.META.get("QUERY_STRING"):
-        location += "?" + request.META["QUERY_STRING"]
-    response = HttpResponse(status=301 if request.method in ("GET", "HEAD") else 308)
-    response["Location"] = location
-    return response
+    resolve (:func:`proxy.passthrough.slash_redirect`)."""
+    return passthrough.slash_redirect(request, passthrough.COMFYUI)
 
 
 @csrf_exempt

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from django.http import HttpRequest, HttpResponse
+
 from scheduler.config import Config, ModelConfig, PathPattern
 from scheduler.config.models import COMFYUI_MODEL_ID
 from scheduler.process import ModelState
@@ -117,6 +119,17 @@ def raw_after(scope: Mapping[str, Any] | None, decoded_prefix: str, path: str) -
 COMFYUI = "/comfyui"
 """``/comfyui/{path}`` reaches ``{path}`` of the local model
 :data:`scheduler.config.models.COMFYUI_MODEL_ID` (``proxy.comfyui``, ``proxy.wsproxy``)."""
+
+
+def slash_redirect(request: HttpRequest, path: str) -> HttpResponse:
+    """``path`` without its trailing slash: to ``path + "/"`` (the query kept), so a web
+    UI's relative links resolve; 301 for GET and HEAD, 308 otherwise, as llama-swap answers."""
+    location = path + "/"
+    if request.META.get("QUERY_STRING"):
+        location += "?" + request.META["QUERY_STRING"]
+    response = HttpResponse(status=301 if request.method in ("GET", "HEAD") else 308)
+    response["Location"] = location
+    return response
 
 
 class Refusal(NamedTuple):

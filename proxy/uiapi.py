@@ -19,7 +19,7 @@ from proxy import hardware
 from scheduler.config import Config, ModelConfig
 from scheduler.keys import Scope
 from web.access import cross_origin
-from web.cancel import CancelOutcome, cancel_request, key_of
+from web.cancel import cancel_answer, key_of
 from web.errors import cross_origin_refused, echo, error_response
 from web.runtime import runtime_of
 
@@ -117,15 +117,7 @@ async def cancel_inflight(request: HttpRequest, request_id: str) -> HttpResponse
                 "(a key with the operator scope may cancel any)",
                 code="insufficient_scope",
             )
-    outcome = cancel_request(request_id, by=by)
-    if outcome is CancelOutcome.NOT_FOUND:
-        return error_response(
-            404,
-            f"inflight request {echo(request_id)} not found",
-            code="request_not_found",
-        )
-    was = "waiting" if outcome is CancelOutcome.CANCELLED_WAITING else "running"
-    return JsonResponse({"msg": "ok", "was": was})
+    return cancel_answer(request_id, by)[0]
 
 
 async def hardware_snapshot(request: HttpRequest) -> HttpResponse:

@@ -291,12 +291,9 @@ async def upstream_passthrough(request: HttpRequest, rest: str) -> HttpResponseB
         )
     model_name, path, model = found
     if path is None:  # /upstream/{model}: to /upstream/{model}/
-        location = "/upstream/" + quote(model_name, safe=passthrough.PATH_SAFE) + "/"
-        if request.META.get("QUERY_STRING"):
-            location += "?" + request.META["QUERY_STRING"]
-        response = HttpResponse(status=301 if request.method in ("GET", "HEAD") else 308)
-        response["Location"] = location
-        return response
+        return passthrough.slash_redirect(
+            request, "/upstream/" + quote(model_name, safe=passthrough.PATH_SAFE)
+        )
     if model is None:
         return error_response(
             404,

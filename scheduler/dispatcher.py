@@ -33,12 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import weakref
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
 
 from scheduler.config import Config, ModelConfig
 from scheduler.core.admission import (
@@ -89,6 +86,8 @@ from scheduler.tickets import (
     Ticket,
     TicketState,
     WaitExpired,
+    end_abandoned,
+    issue,
 )
 
 __all__ = [
@@ -129,23 +128,17 @@ class Dispatcher(Loads):
         ``owner`` is the object that answers for ending the ticket (the proxy's ``Turn``).
         Should it be garbage-collected with the ticket still open, the dispatcher ends the
         ticket itself and logs an error: a backstop, so that a bug on some exit path costs
-        one log line instead of the GPU.
+        one log line instead of the GPU (:func:`scheduler.tickets.issue`).
         """
-        loop = asyncio.get_running_loop()
-        ticket = Ticket(
-            request_id=request_id,
-            model=model,
-            priority=priority,
-            path=path,
-            arrival=self._clock(),
-            arrival_wall=self._wall(),
-            granted=loop.create_future(),
+        ticket = issue(
+            model,
+            priority,
+            request_id,
+            path,
+            (self._clock(), self._wall()),
+            owner,
+            self._abandoned,
         )
-        if owner is not None:
-            # A plain weakref with a callback: no global registry (as weakref.finalize
-            # keeps), a few hundred bytes less per waiting request. Dropping it (``guard
-            # = None``, when the ticket ends) cancels the callback.
-            ticket.guard = weakref.ref(owner, functools.partial(self._owner_gone, ticket))
         if self._closing:
             ticket.state = TicketState.DONE
             ticket.outcome = Outcome.REJECTED
@@ -202,22 +195,8 @@ class Dispatcher(Loads):
         check: stop it (the next request for it starts it afresh)."""
         self._inbox.put_nowait(Unhealthy(ticket.model.id, ticket.generation, ticket.lane))
 
-    def _owner_gone(self, ticket: Ticket, _ref: weakref.ref[Any]) -> None:
-        self._abandoned(ticket)
-
     def _abandoned(self, ticket: Ticket) -> None:
         """The ticket's owner was collected with the ticket open (see :meth:`submit`)."""
-        ticket.guard = None
-        if ticket.outcome is not None:
-            return
-        log.error(
-            "turn abandoned by its request; ended by the dispatcher",
-            extra={
-                "request_id": ticket.request_id,
-                "model": ticket.model.id,
-                "state": ticket.state.value,
-            },
-        )
 
         def end() -> None:
             if ticket.state is TicketState.WAITING:
@@ -225,9 +204,7 @@ class Dispatcher(Loads):
             else:
                 self.finish(ticket, Outcome.FAILED, 500, "turn abandoned by its request")
 
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(end)
+        end_abandoned(ticket, self._loop, end)
 
     def set_settings(self, settings: SchedulerSettings, source: str = "admin") -> None:
         """New settings from the next pick on (admin edit). Safe to call from any thread

@@ -202,6 +202,65 @@ def refusal_answer(kind: Refusal, message: str, retry_after: int | None) -> tupl
     return WaitExpired(message, retry_after), Outcome.EXPIRED
 
 
+def issue(
+    model: ModelConfig,
+    priority: int,
+    request_id: str,
+    path: str,
+    arrival: tuple[float, float],
+    owner: object | None,
+    abandoned: Callable[[Ticket], None],
+    **fields: Any,
+) -> Ticket:
+    """A new open ticket, its ``granted`` future on the running loop (what an
+    :class:`Issuer`'s ``submit`` hands out), arrived at ``arrival`` (monotonic, wall-clock
+    seconds). ``owner`` answers for ending it (the proxy's
+    ``Turn``): should it be garbage-collected with the ticket still open, ``abandoned(ticket)``
+    is called (by the collector, on any thread; see :func:`end_abandoned`), a backstop so
+    that a bug on some exit path costs one log line instead of the GPU. A plain weakref with
+    a callback: no global registry (as ``weakref.finalize`` keeps), a few hundred bytes less
+    per waiting request; dropping it (``guard = None``, when the ticket ends) cancels it."""
+    ticket = Ticket(
+        request_id=request_id,
+        model=model,
+        priority=priority,
+        path=path,
+        arrival=arrival[0],
+        arrival_wall=arrival[1],
+        granted=asyncio.get_running_loop().create_future(),
+        **fields,
+    )
+    if owner is not None:
+        ticket.guard = weakref.ref(owner, functools.partial(_owner_gone, abandoned, ticket))
+    return ticket
+
+
+def _owner_gone(
+    abandoned: Callable[[Ticket], None], ticket: Ticket, _ref: weakref.ref[Any]
+) -> None:
+    abandoned(ticket)
+
+
+def end_abandoned(
+    ticket: Ticket, loop: asyncio.AbstractEventLoop | None, end: Callable[[], None]
+) -> None:
+    """:func:`issue`'s backstop: ``ticket``'s owner was collected with the ticket open. An
+    error is logged and ``end`` (which ends the ticket) runs on ``loop``, the issuer's."""
+    ticket.guard = None
+    if ticket.outcome is not None:
+        return
+    log.error(
+        "turn abandoned by its request; ended",
+        extra={
+            "request_id": ticket.request_id,
+            "model": ticket.model.id,
+            "state": ticket.state.value,
+        },
+    )
+    if loop is not None and not loop.is_closed():
+        loop.call_soon_threadsafe(end)
+
+
 class Issuer(Protocol):
     """Who issues a request's ticket and is told how it ended: the :class:`Dispatcher`
     (a local model's turn) or :class:`Unqueued` (a peer's request). ``proxy.turn.Turn``
@@ -267,23 +326,21 @@ class Unqueued:
         owner: object | None = None,
     ) -> Ticket:
         now = self._dispatcher.now()
-        self._loop = loop = asyncio.get_running_loop()
-        ticket = Ticket(
-            request_id=request_id,
-            model=model,
-            priority=priority,
-            path=path,
-            arrival=now,
-            arrival_wall=self._wall(),
-            granted=loop.create_future(),
+        self._loop = asyncio.get_running_loop()
+        ticket = issue(
+            model,
+            priority,
+            request_id,
+            path,
+            (now, self._wall()),
+            owner,
+            self._abandoned,
             state=TicketState.RUNNING,
             dispatched_at=now,  # sent at once: no queue, no load
             ready_at=now,
             lane="",  # on no lane (GPU) here
         )
         ticket.granted.set_result(model.proxy)
-        if owner is not None:  # the same backstop as Dispatcher.submit's
-            ticket.guard = weakref.ref(owner, functools.partial(self._owner_gone, ticket))
         self._load[model.id] += 1
         self._running[ticket] = model.id
         return ticket
@@ -338,12 +395,11 @@ class Unqueued:
             except Exception:
                 log.exception("observer failed", extra={"observer": type(observer).__name__})
 
-    def _owner_gone(self, ticket: Ticket, _ref: weakref.ref[Any]) -> None:
-        if ticket.outcome is not None:
-            return
-        log.error("turn abandoned by its request; ended", extra={"request_id": ticket.request_id})
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(
+    def _abandoned(self, ticket: Ticket) -> None:
+        end_abandoned(
+            ticket,
+            self._loop,
+            functools.partial(
                 self.finish, ticket, Outcome.FAILED, 500, "turn abandoned by its request"
-            )
+            ),
+        )

@@ -27,10 +27,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 
 from scheduler.dispatcher import Ticket, TicketState
-from web.errors import error_response
+from web.errors import echo, error_response
 
 log = logging.getLogger("llamaswap.proxy")
 
@@ -104,6 +104,17 @@ def cancel_request(request_id: str, by: str = "api") -> CancelOutcome:
         )
         entry.task.cancel(f"cancelled by {by}")
     return outcome
+
+
+def cancel_answer(request_id: str, by: str) -> tuple[HttpResponse, str | None]:
+    """:func:`cancel_request`, answered as both cancel routes answer: ``{"msg": "ok", "was":
+    "waiting" | "running"}`` and what it was, or ``404 request_not_found`` and None."""
+    outcome = cancel_request(request_id, by=by)
+    if outcome is CancelOutcome.NOT_FOUND:
+        message = f"request {echo(request_id)} is not in flight (it ended, or never was)"
+        return error_response(404, message, code="request_not_found"), None
+    was = "waiting" if outcome is CancelOutcome.CANCELLED_WAITING else "running"
+    return JsonResponse({"msg": "ok", "was": was}), was
 
 
 def cancelled_answer(ticket: Ticket, end: Callable[[Ticket], None]) -> HttpResponse | None:

@@ -63,7 +63,9 @@ from scheduler.config.macros import (
 from scheduler.config.models import (
     DEFAULT_CHECK_ENDPOINT,
     DEFAULT_CONCURRENCY_LIMIT,
+    DEFAULT_HEALTH_CHECK_TIMEOUT,
     DEFAULT_PROXY,
+    DEFAULT_UNLOAD_TIMEOUT,
     INHERIT_TTL,
     MODALITIES,
     PROTECTED_PARAMS,
@@ -74,9 +76,7 @@ from scheduler.config.models import (
     split_command,
 )
 from scheduler.config.parse import (
-    DEFAULT_HEALTH_CHECK_TIMEOUT,
     DEFAULT_START_PORT,
-    DEFAULT_UNLOAD_TIMEOUT,
     MIN_HEALTH_CHECK_TIMEOUT,
     Config,
     load_config,

@@ -26,6 +26,7 @@ from scheduler.config.macros import (
 from scheduler.config.values import (
     ConfigError,
     kind_of,
+    known_keys,
     or_default,
     read_bool,
     read_int,
@@ -37,6 +38,9 @@ from scheduler.config.values import (
 )
 
 DEFAULT_CONCURRENCY_LIMIT = 10
+DEFAULT_HEALTH_CHECK_TIMEOUT = 120
+DEFAULT_UNLOAD_TIMEOUT = 10
+"""``healthCheckTimeout`` and ``unloadTimeout`` (seconds) when the config says none (or 0)."""
 
 COMFYUI_MODEL_ID = "comfyui_auto"
 """The model ``/comfyui/`` passes through to (llama-swap's rule; ``proxy/passthrough.py``).
@@ -169,14 +173,14 @@ class ModelConfig:
     """None when the config says ``none``: the model counts as ready once started."""
     ttl: int = 0
     """Seconds idle before the model is unloaded; 0 never."""
-    unload_timeout: float = 10
+    unload_timeout: float = DEFAULT_UNLOAD_TIMEOUT
     """Seconds between SIGTERM and SIGKILL."""
-    health_check_timeout: float = 120
+    health_check_timeout: float = DEFAULT_HEALTH_CHECK_TIMEOUT
     use_model_name: str = ""
     name: str = ""
     description: str = ""
     unlisted: bool = False
-    concurrency_limit: int = 10
+    concurrency_limit: int = DEFAULT_CONCURRENCY_LIMIT
     metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     strip_params: tuple[str, ...] = ()
     set_params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
@@ -244,15 +248,9 @@ def prepare_models(
             raise ConfigError(key, "model ids must not be empty")
         if not isinstance(settings, Mapping):
             raise ConfigError(key, f"must be a mapping of model settings, got {kind_of(settings)}")
-        model: dict[str, Any] = {}
-        for raw_name, setting in settings.items():
-            name = str(raw_name)
-            if name in _MODEL_KEYS:
-                model[name] = setting
-            elif name in _IGNORED_MODEL_KEYS:
-                warnings.append(f"{key}.{name}: {_IGNORED_MODEL_KEYS[name]}; ignored")
-            else:
-                warnings.append(f"{key}.{name}: unknown model key; ignored")
+        model = known_keys(
+            settings, key, _MODEL_KEYS, _IGNORED_MODEL_KEYS, warnings, "unknown model key"
+        )
         model_macros = read_macros(model.pop("macros", None), f"{key}.macros")
         if model.get("cmd") is None:
             raise ConfigError(f"{key}.cmd", "required: the command that starts the model's server")
@@ -295,6 +293,17 @@ def assign_ports(prepared: dict[str, dict[str, Any]], start_port: int) -> None:
                 )
             prepared[model_id] = substitute(model, "PORT", port)
             port += 1
+
+
+def read_listing(body: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """How a model or selector at ``key`` is listed (``/v1/models``): its ``name``,
+    ``description``, ``unlisted`` and ``metadata``, as :class:`ModelConfig` fields."""
+    return {
+        "name": read_string(or_default(body.get("name"), ""), f"{key}.name"),
+        "description": read_string(or_default(body.get("description"), ""), f"{key}.description"),
+        "unlisted": read_bool(or_default(body.get("unlisted"), False), f"{key}.unlisted"),
+        "metadata": MappingProxyType(dict(read_mapping(body.get("metadata"), f"{key}.metadata"))),
+    }
 
 
 def build_model(
@@ -358,14 +367,11 @@ def build_model(
         use_model_name=read_string(
             or_default(model.get("useModelName"), ""), f"{key}.useModelName"
         ),
-        name=read_string(or_default(model.get("name"), ""), f"{key}.name"),
-        description=read_string(or_default(model.get("description"), ""), f"{key}.description"),
-        unlisted=read_bool(or_default(model.get("unlisted"), False), f"{key}.unlisted"),
+        **read_listing(model, key),
         concurrency_limit=max(
             concurrency or DEFAULT_CONCURRENCY_LIMIT,
             COMFYUI_CONCURRENCY_LIMIT if model_id == COMFYUI_MODEL_ID else 0,
         ),
-        metadata=MappingProxyType(dict(read_mapping(model.get("metadata"), f"{key}.metadata"))),
         strip_params=strip_params,
         set_params=MappingProxyType(set_params),
         set_params_by_id=MappingProxyType(by_id),

@@ -26,6 +26,8 @@ from scheduler.config.macros import (
     substitute_all,
 )
 from scheduler.config.models import (
+    DEFAULT_HEALTH_CHECK_TIMEOUT,
+    DEFAULT_UNLOAD_TIMEOUT,
     ModelConfig,
     ModelDefaults,
     alias_map,
@@ -58,6 +60,7 @@ from scheduler.config.server import (
 from scheduler.config.values import (
     ConfigError,
     kind_of,
+    known_keys,
     or_default,
     read_bool,
     read_int,
@@ -74,17 +77,11 @@ from scheduler.core.swapper import (
 )
 from scheduler.keys import ApiKey
 
-DEFAULT_HEALTH_CHECK_TIMEOUT = 120
-
-
 MIN_HEALTH_CHECK_TIMEOUT = 15
 """llama-swap raises anything lower to this."""
 
 
 DEFAULT_START_PORT = 5800
-
-
-DEFAULT_UNLOAD_TIMEOUT = 10
 
 
 # Top-level keys we read, and llama-swap's keys we knowingly ignore (with why).
@@ -135,10 +132,10 @@ class Config:
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     bounds: QueueBounds = field(default_factory=QueueBounds)
     limits: RequestLimits = field(default_factory=RequestLimits)
-    health_check_timeout: float = 120
-    start_port: int = 5800
+    health_check_timeout: float = DEFAULT_HEALTH_CHECK_TIMEOUT
+    start_port: int = DEFAULT_START_PORT
     global_ttl: int = 0
-    unload_timeout: float = 10
+    unload_timeout: float = DEFAULT_UNLOAD_TIMEOUT
     log_level: str = "info"
     log_to_stdout: str = "proxy"
     """``logToStdout``: proxy, upstream, both or none (see :data:`LOG_TO_STDOUT`)."""
@@ -234,15 +231,7 @@ def parse_config(
     budget = Budget()
     warnings: list[str] = []
 
-    raw: dict[str, Any] = {}
-    for raw_key, value in data.items():
-        key = str(raw_key)
-        if key in _TOP_LEVEL_KEYS:
-            raw[key] = value
-        elif key in _IGNORED_TOP_LEVEL:
-            warnings.append(f"{key}: {_IGNORED_TOP_LEVEL[key]}; ignored")
-        else:
-            warnings.append(f"{key}: unknown key; ignored")
+    raw = known_keys(data, "", _TOP_LEVEL_KEYS, _IGNORED_TOP_LEVEL, warnings)
 
     # Phase 1: ${env.NAME} everywhere we read, before any macro sees the values.
     raw = {key: expand_env(value, key, env, budget) for key, value in raw.items()}

@@ -14,6 +14,7 @@ from scheduler.config.models import (
     ModelTimeouts,
     check_url,
     parse_strip_params,
+    read_listing,
     read_model_timeouts,
     set_params_by_id,
 )
@@ -21,7 +22,6 @@ from scheduler.config.values import (
     ConfigError,
     kind_of,
     or_default,
-    read_bool,
     read_int,
     read_mapping,
     read_string,
@@ -85,6 +85,11 @@ class Selector:
     metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
+PEER_TIMEOUTS = ModelTimeouts(response_header=60, idle=0)
+"""llama-swap's peer defaults: ``responseHeader`` 60 s, the rest as for models (``idle``,
+ours, is off unless set)."""
+
+
 @dataclass(frozen=True)
 class Peer:
     """``peers.<id>``: a remote OpenAI-compatible server (another llama-swap or llamaswap,
@@ -102,11 +107,8 @@ class Peer:
     set_params_by_id: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: MappingProxyType({})
     )
-    timeouts: ModelTimeouts = field(
-        default_factory=lambda: ModelTimeouts(response_header=60, idle=0)
-    )
-    """llama-swap's peer defaults: ``responseHeader`` 60 s, the rest as for models
-    (``idle``, ours, is off unless set)."""
+    timeouts: ModelTimeouts = field(default_factory=lambda: PEER_TIMEOUTS)
+    """:data:`PEER_TIMEOUTS` where the config sets none."""
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,8 @@ def _peers(value: Any, warnings: list[str]) -> dict[str, Peer]:
             if str(k) not in PROTECTED_PARAMS
         }
         raw_timeouts = dict(read_mapping(settings.get("timeouts"), f"{key}.timeouts"))
-        raw_timeouts.setdefault("responseHeader", 60)  # llama-swap's peer default
-        raw_timeouts.setdefault("idle", 0)  # ours; off for peers unless set
+        raw_timeouts.setdefault("responseHeader", PEER_TIMEOUTS.response_header)
+        raw_timeouts.setdefault("idle", PEER_TIMEOUTS.idle)
         timeouts = read_model_timeouts(raw_timeouts, f"{key}.timeouts", warnings)
         peers[peer_id] = Peer(
             id=peer_id,
@@ -325,10 +327,7 @@ def _selectors(
             strategy=strategy,
             targets=tuple(targets),
             spillover=spillover,
-            name=read_string(or_default(body.get("name"), ""), f"{key}.name"),
-            description=read_string(or_default(body.get("description"), ""), f"{key}.description"),
-            unlisted=read_bool(or_default(body.get("unlisted"), False), f"{key}.unlisted"),
-            metadata=MappingProxyType(dict(read_mapping(body.get("metadata"), f"{key}.metadata"))),
+            **read_listing(body, key),
         )
     return selectors
 

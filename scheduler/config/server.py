@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol, cast
 
 import re2
@@ -109,8 +110,21 @@ def read_upstream_ignore_paths(value: Any, warnings: list[str]) -> tuple[PathPat
     upstream = read_mapping(value, "upstream")
     warn_unknown(upstream, "upstream", {"ignorePaths", "allowPaths"}, warnings)
     patterns = read_string_list(upstream.get("ignorePaths"), "upstream.ignorePaths")
-    if not patterns:
-        return (compile_re2(DEFAULT_UPSTREAM_IGNORE_PATHS),)
+    return _compile_paths(patterns or [DEFAULT_UPSTREAM_IGNORE_PATHS], "upstream.ignorePaths")
+
+
+def read_upstream_allow_paths(value: Any) -> tuple[PathPattern, ...]:
+    """``upstream.allowPaths`` (ours): regular expressions (RE2, searched as
+    ``ignorePaths``) naming the paths ``/upstream/<model>/...`` may reach; empty or absent:
+    :data:`DEFAULT_UPSTREAM_ALLOW_PATHS`. ``[".*"]`` lets every path through (llama-swap)."""
+    upstream = read_mapping(value, "upstream")
+    patterns = read_string_list(upstream.get("allowPaths"), "upstream.allowPaths")
+    return _compile_paths(patterns or DEFAULT_UPSTREAM_ALLOW_PATHS, "upstream.allowPaths")
+
+
+def _compile_paths(patterns: Iterable[str], where: str) -> tuple[PathPattern, ...]:
+    """``patterns`` (the list at ``where``) compiled as RE2; what RE2 refuses is a
+    ConfigError naming the item."""
     compiled: list[PathPattern] = []
     for i, pattern in enumerate(patterns):
         try:
@@ -120,26 +134,6 @@ def read_upstream_ignore_paths(value: Any, warnings: list[str]) -> tuple[PathPat
             if isinstance(reason, bytes):
                 reason = reason.decode("utf-8", "replace")
             raise ConfigError(
-                f"upstream.ignorePaths[{i}]", f"invalid regular expression {pattern!r}: {reason}"
-            ) from None
-    return tuple(compiled)
-
-
-def read_upstream_allow_paths(value: Any) -> tuple[PathPattern, ...]:
-    """``upstream.allowPaths`` (ours): regular expressions (RE2, searched as
-    ``ignorePaths``) naming the paths ``/upstream/<model>/...`` may reach; empty or absent:
-    :data:`DEFAULT_UPSTREAM_ALLOW_PATHS`. ``[".*"]`` lets every path through (llama-swap)."""
-    upstream = read_mapping(value, "upstream")
-    patterns = read_string_list(upstream.get("allowPaths"), "upstream.allowPaths")
-    compiled: list[PathPattern] = []
-    for i, pattern in enumerate(patterns or DEFAULT_UPSTREAM_ALLOW_PATHS):
-        try:
-            compiled.append(compile_re2(pattern))
-        except re2.error as exc:
-            reason = exc.args[0] if exc.args else exc
-            if isinstance(reason, bytes):
-                reason = reason.decode("utf-8", "replace")
-            raise ConfigError(
-                f"upstream.allowPaths[{i}]", f"invalid regular expression {pattern!r}: {reason}"
+                f"{where}[{i}]", f"invalid regular expression {pattern!r}: {reason}"
             ) from None
     return tuple(compiled)

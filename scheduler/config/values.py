@@ -46,6 +46,30 @@ def warn_unknown(
             warnings.append(f"{key}.{name}: unknown key; ignored")
 
 
+def known_keys(
+    section: Mapping[Any, Any],
+    key: str,
+    known: AbstractSet[str],
+    ignored: Mapping[str, str],
+    warnings: list[str],
+    unknown: str = "unknown key",
+) -> dict[str, Any]:
+    """The settings of ``section`` (at ``key``; "" the top level) whose names are in
+    ``known``; a warning for each other one: why, for one of llama-swap's that we knowingly
+    ignore (``ignored``: name -> reason), else ``unknown``."""
+    kept: dict[str, Any] = {}
+    for raw_name, value in section.items():
+        name = str(raw_name)
+        path = f"{key}.{name}" if key else name
+        if name in known:
+            kept[name] = value
+        elif name in ignored:
+            warnings.append(f"{path}: {ignored[name]}; ignored")
+        else:
+            warnings.append(f"{path}: {unknown}; ignored")
+    return kept
+
+
 def or_default(value: Any, default: Any) -> Any:
     """YAML ``key:`` with no value is null; llama-swap treats it as unset."""
     return default if value is None else value
