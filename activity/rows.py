@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -273,9 +274,25 @@ writer would win back at once) hands the GIL over; the loop then waits at most o
 chunk's worth. The writer still saves several thousand rows a second."""
 
 
-def _statement() -> tuple[str, list[tuple[str, Callable[[Any], Any] | None, Any]]]:
+class _Columns:
+    """The INSERT's columns, prepared once a batch: each one's default, a getter of all
+    their values in order (``operator.itemgetter``: one C call instead of a Python loop
+    over ~40 columns), and the adapters of the few that need one (datetimes, JSON), by
+    position."""
+
+    __slots__ = ("defaults", "values", "adapters")
+
+    def __init__(self, columns: list[tuple[str, Callable[[Any], Any] | None, Any]]) -> None:
+        self.defaults = {name: default for name, _, default in columns}
+        self.values = operator.itemgetter(*(name for name, _, _ in columns))
+        self.adapters = [
+            (index, adapter) for index, (_, adapter, _) in enumerate(columns) if adapter is not None
+        ]
+
+
+def _statement() -> tuple[str, _Columns]:
     """``INSERT ... ON CONFLICT (request_id) DO NOTHING`` for the current connection, and
-    per column (field name, adapter to a driver value or None, default)."""
+    its columns (field name, adapter to a driver value or None, default)."""
     from activity.models import RequestRecord
 
     ops = connection.ops
@@ -307,16 +324,15 @@ def _statement() -> tuple[str, list[tuple[str, Callable[[Any], Any] | None, Any]
         ", ".join(["%s"] * len(fields)),
         qn(request_id.column),
     )
-    return sql, columns
+    return sql, _Columns(columns)
 
 
-def _params(
-    fields: dict[str, Any], columns: list[tuple[str, Callable[[Any], Any] | None, Any]]
-) -> tuple[Any, ...]:
-    return tuple(
-        adapter(fields.get(name, default)) if adapter else fields.get(name, default)
-        for name, adapter, default in columns
-    )
+def _params(fields: dict[str, Any], columns: _Columns) -> tuple[Any, ...]:
+    """The row's values in column order: a field's value, else the column's default."""
+    row = list(columns.values({**columns.defaults, **fields}))
+    for index, adapter in columns.adapters:
+        row[index] = adapter(row[index])
+    return tuple(row)
 
 
 def write_records(items: Sequence[Item], pause: float = WRITE_PAUSE) -> int:

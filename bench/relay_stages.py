@@ -88,9 +88,10 @@ def py_spy() -> str:
     return found
 
 
-def stage_of(stack: list[str]) -> str:
-    """``stack``: frames outermost first (py-spy's raw format)."""
-    if stack and _sleeps(stack[-1]):
+def stage_of(stack: list[str], root: Path = ROOT) -> str:
+    """``stack``: frames outermost first (py-spy's raw format); ``root``: the copy of the
+    repository the sampled server runs (its source lines tell a sleep)."""
+    if stack and _sleeps(stack[-1], root):
         return SLEEPING
     generic = None
     for frame in reversed(stack):
@@ -103,12 +104,12 @@ def stage_of(stack: list[str]) -> str:
     return generic or "other"
 
 
-def _sleeps(frame: str) -> bool:
+def _sleeps(frame: str, root: Path = ROOT) -> bool:
     """Is ``frame`` (innermost) a ``time.sleep`` call of this repository's code? py-spy
     counts a thread in a short sleep as running."""
     where = frame.rpartition("(")[2].rstrip(")")
     path, _, line = where.rpartition(":")
-    source = ROOT / path
+    source = root / path
     if not line.isdigit() or not source.is_file():
         return False
     lines = _source(source)
@@ -124,7 +125,9 @@ def _source(path: Path) -> list[str]:
     return _SOURCES[path]
 
 
-def profile(port: int, pid: int, seconds: float, rate: int, out: Path, stream: bool) -> dict:
+def profile(
+    port: int, pid: int, seconds: float, rate: int, out: Path, stream: bool, root: Path = ROOT
+) -> dict:
     """16 clients on ``port`` for ``seconds`` while py-spy samples ``pid``."""
     spy = subprocess.Popen(
         [
@@ -155,7 +158,8 @@ def profile(port: int, pid: int, seconds: float, rate: int, out: Path, stream: b
     counts: collections.Counter[str] = collections.Counter()
     for line in out.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
-        counts[stage_of(stack.split(";"))] += int(n)
+        if n.isdigit():  # a frame's text can hold a newline (py-spy shows source lines)
+            counts[stage_of(stack.split(";"), root)] += int(n)
     return {"counts": counts, "cpu_s": cpu1 - cpu0, **result}
 
 
@@ -188,13 +192,16 @@ def main(argv: list[str] | None = None) -> str:
     sides: dict[str, tuple[int, int]] = {}
     results: dict[str, list[dict]] = {}
     try:
-        env = dict(os.environ, DATABASE_URL=f"sqlite:///{tmp / 'db.sqlite3'}")
-        subprocess.run(
-            [PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True, timeout=120
-        )
         roots = {"after": ROOT} if args.before is None else {"before": args.before, "after": ROOT}
         for name, root in roots.items():
-            server = Server(tmp, name, "fifo", False, root=root)
+            # A database each: one server's activity writer never waits on the other's lock.
+            own = tmp / name
+            own.mkdir()
+            env = dict(os.environ, DATABASE_URL=f"sqlite:///{own / 'db.sqlite3'}")
+            subprocess.run(
+                [PY, "manage.py", "migrate", "-v", "0"], cwd=root, env=env, check=True, timeout=120
+            )
+            server = Server(own, name, "fifo", False, root=root)
             procs.append(server)
             server.wait_ready()
             with Conn(server.port, timeout=60) as c:
@@ -212,7 +219,7 @@ def main(argv: list[str] | None = None) -> str:
                 stream = args.stream and name != "daphne"
                 print(f"  round {r + 1}/{args.rounds}: {name} ...", flush=True)
                 results.setdefault(name, []).append(
-                    profile(port, pid, args.seconds, args.rate, out, stream)
+                    profile(port, pid, args.seconds, args.rate, out, stream, roots.get(name, ROOT))
                 )
     finally:
         for proc in reversed(procs):

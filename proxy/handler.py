@@ -22,7 +22,6 @@ receivers, which under ASGI each cost a thread hop and an OS thread per waiting 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -172,56 +171,53 @@ class ProxyHandler(RefuseSuspicious):
         request.scope = scope
         request.turn = None  # type: ignore[attr-defined]
 
-        async def process_request() -> HttpResponseBase:
-            response = await self.run_get_response(request)
-            try:
-                await self.send_response(response, send)
-            except asyncio.CancelledError:
-                pass  # client gone while sending
-            return response
-
-        # Cancel the view when the client disconnects (Django's own behaviour).
+        # The view runs in this task; a second one waits for the client to leave and
+        # cancels it (Django's own behaviour, with one task per request instead of two
+        # and no asyncio.wait: BENCHMARKS.md, "Where a relayed request's CPU goes").
+        task = asyncio.current_task()
+        assert task is not None
+        before = task.cancelling()  # another party's cancellations, older than this request
+        watch = _DisconnectWatch(task)
         listener = asyncio.create_task(self.listen_for_disconnect(receive))
-        worker = asyncio.create_task(process_request())
-        cancelled = False
+        listener.add_done_callback(watch.listener_done)
+        response: HttpResponseBase | None = None
         failure: BaseException | None = None
         try:
-            await asyncio.wait((listener, worker), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            cancelled = True  # the server gave up on the request: as good as a disconnect
-            raise
+            response = await self.run_get_response(request)
+            await self.send_response(response, send)
+        except asyncio.CancelledError as exc:
+            if response is None:  # the view was cancelled (in send: client gone while sending)
+                failure = exc
+        except BaseException as exc:
+            failure = exc
         finally:
-            # Also when this handler itself is cancelled (the server gave up on the
+            # Also when this task itself is cancelled by the server (it gave up on the
             # request): nothing below may be skipped.
-            for task in (listener, worker):
-                if not task.done():
-                    task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait((listener, worker))
-            disconnected = listener.done() and not listener.cancelled()
-            if disconnected:
-                listener.exception()  # retrieved (RequestAborted): no "never retrieved" log
-            disconnected = disconnected or cancelled
-            if worker.cancelled():
-                failure = asyncio.CancelledError()
-            elif worker.exception() is not None:
-                failure = worker.exception()
-            # Read the outcomes without raising them here: a raised exception's traceback
-            # holds this frame, which holds the tasks, which hold the exception: a
-            # reference cycle per request (the listener ends in RequestAborted or
-            # CancelledError every time), left to the cyclic GC, whose collections showed
-            # as latency spikes.
+            watch.watching = False
+            if not listener.done():
+                listener.cancel()
+            if watch.cancel_sent:
+                task.uncancel()
+            cancelled = task.cancelling() > before  # the server gave up: as good as a disconnect
+            left = watch.client_left or (listener.done() and not listener.cancelled())
+            disconnected = left or cancelled
             turn: Turn | None = request.turn  # type: ignore[attr-defined]
-            if turn is not None:
-                status = None
-                if worker.done() and not worker.cancelled() and worker.exception() is None:
-                    status = worker.result().status_code
-                await turn.close(disconnected=disconnected, error=failure, status=status)
             request.turn = None  # type: ignore[attr-defined]
-        if failure is not None and not isinstance(failure, asyncio.CancelledError):
-            raise failure
-        if not worker.cancelled() and worker.exception() is None:
-            close_response(worker.result())
+            if turn is not None:
+                status = response.status_code if response is not None and failure is None else None
+                await turn.close(disconnected=disconnected, error=failure, status=status)
+        try:
+            if cancelled:
+                raise asyncio.CancelledError()
+            if failure is not None and not isinstance(failure, asyncio.CancelledError):
+                raise failure
+            if response is not None and failure is None:
+                close_response(response)
+        finally:
+            # A raised exception's traceback holds this frame: without this the frame
+            # would hold the exception, a reference cycle per failed request left to the
+            # cyclic GC, whose collections showed as latency spikes.
+            failure = None
 
     async def send_response(self, response: HttpResponseBase, send: Send) -> None:
         """Django's, except for a relayed stream (``response.relay_stream``, set by
@@ -339,6 +335,29 @@ def too_large(size: int, limit: int) -> HttpResponse:
         f"request body of {size} bytes is over the limit of {limit} bytes (limits.maxBodyBytes)",
         code="request_too_large",
     )
+
+
+class _DisconnectWatch:
+    """The done callback of a request's disconnect listener: the client left (or sent
+    something unexpected) while the request's task still works on it: cancel that task."""
+
+    __slots__ = ("task", "watching", "client_left", "cancel_sent")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.watching = True
+        self.client_left = False
+        self.cancel_sent = False
+
+    def listener_done(self, listener: asyncio.Task[Any]) -> None:
+        if listener.cancelled():
+            return
+        listener.exception()  # retrieved (RequestAborted): no "never retrieved" log
+        self.client_left = True
+        if self.watching:
+            self.watching = False
+            self.cancel_sent = True
+            self.task.cancel()
 
 
 def close_response(response: HttpResponseBase) -> None:

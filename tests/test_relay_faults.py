@@ -23,6 +23,7 @@ import pytest
 
 from proxy.turn import Turn
 from scheduler.config import parse_config
+from scheduler.dispatch_state import ANNOUNCE_AFTER
 from scheduler.dispatcher import Dispatcher, Outcome
 from tests.asgi import Call, in_process
 
@@ -66,8 +67,12 @@ class Upstream(httpx.AsyncBaseTransport):
         await self.point("connecting")
         stream = json.loads(request.content or b"{}").get("stream", False)
         if stream:
-            return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_Body(self, True))
-        return httpx.Response(200, headers={"content-type": "application/json"}, stream=_Body(self, False))
+            return httpx.Response(
+                200, headers={"content-type": "text/event-stream"}, stream=_Body(self, True)
+            )
+        return httpx.Response(
+            200, headers={"content-type": "application/json"}, stream=_Body(self, False)
+        )
 
 
 class _Body(httpx.AsyncByteStream):
@@ -104,7 +109,9 @@ SHAPES = {
             "m": {"cmd": "fake", "proxy": "http://model.invalid:9000"},
             "other": {"cmd": "fake", "proxy": "http://model.invalid:9001"},
         },
-        "routing": {"scheduler": {"settings": {"serial": {"lanes": {"gpu1": ["m"], "gpu0": ["other"]}}}}},
+        "routing": {
+            "scheduler": {"settings": {"serial": {"lanes": {"gpu1": ["m"], "gpu0": ["other"]}}}}
+        },
     },
     # m served with two slots (a second request would run beside the first, so there is
     # no "queued" point behind one blocker: see test_with_slots_a_fault_ends_the_turn).
@@ -125,6 +132,8 @@ async def idle(dispatcher: Dispatcher) -> None:
     for _ in range(20):
         await asyncio.sleep(0)
         if not dispatcher.in_flight() and not len(dispatcher.queue):
+            for _ in range(ANNOUNCE_AFTER):  # the observers' deferred on_finish (the recorder)
+                await asyncio.sleep(0)
             return
     raise AssertionError(f"dispatcher not idle: {dispatcher.in_flight()} {len(dispatcher.queue)}")
 
@@ -178,7 +187,9 @@ async def fault_ends_the_turn(proxy, monkeypatch, point, fault, stream):
 
             monkeypatch.setattr(Turn, "wait", broken_wait)
     elif point == "loading":
-        factory.configure("m", hold_start=True, start_error="injected" if fault == "exception" else None)
+        factory.configure(
+            "m", hold_start=True, start_error="injected" if fault == "exception" else None
+        )
         # Without this, startFailureCooldown would answer the next request with the
         # start's failure for 5 s (tests/test_admission.py); here it must start again.
         dispatcher.set_settings(dispatcher.settings.with_changes(start_failure_cooldown=0.0))
@@ -263,7 +274,9 @@ async def test_upstream_passthrough_sends_the_path_as_the_client_wrote_it(proxy,
     from scheduler import runtime
 
     rt = runtime.current()  # every path allowed: the encoding is what is tested here
-    rt.config = replace(rt.config, upstream_allow_paths=parse_config(ALL_PATHS).upstream_allow_paths)
+    rt.config = replace(
+        rt.config, upstream_allow_paths=parse_config(ALL_PATHS).upstream_allow_paths
+    )
     call = Call(proxy.app, "/upstream/m" + sent.decode(), b"", method="GET")
     await call.done()
     assert call.status == 200

@@ -14,6 +14,7 @@ import json
 import pytest
 
 from scheduler.config import parse_config
+from scheduler.dispatch_state import ANNOUNCE_AFTER
 from scheduler.dispatcher import Outcome
 from tests.asgi import Call, in_process
 
@@ -58,7 +59,8 @@ class ScriptedModel:
                 if " /health " in line:
                     body = b"{}"
                     writer.write(
-                        f"HTTP/1.1 {self.health} X\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body
+                        f"HTTP/1.1 {self.health} X\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+                        + body
                     )
                     continue
                 if self.mode == "hang":
@@ -83,7 +85,11 @@ class ScriptedModel:
 
 def config(port: int, **timeouts: float):
     return parse_config(
-        {"models": {"m": {"cmd": "fake", "proxy": f"http://127.0.0.1:{port}", "timeouts": timeouts}}}
+        {
+            "models": {
+                "m": {"cmd": "fake", "proxy": f"http://127.0.0.1:{port}", "timeouts": timeouts}
+            }
+        }
     )
 
 
@@ -117,6 +123,8 @@ async def test_a_slow_but_healthy_model_is_waited_for():
         call = Call(world.app, "/v1/chat/completions", chat())
         await call.done(timeout=5)
         assert call.status == 200
+        for _ in range(ANNOUNCE_AFTER):  # the observers' deferred on_finish (the recorder)
+            await asyncio.sleep(0)
         assert list(world.recorder.finished.values()) == [Outcome.COMPLETED]
 
 
@@ -135,7 +143,10 @@ async def test_a_stream_that_stalls_is_cut_and_the_model_checked():
 
 
 async def test_response_header_timeout_is_a_504():
-    async with ScriptedModel() as model, in_process(config(model.port, responseHeader=0.2, idle=0)) as world:
+    async with (
+        ScriptedModel() as model,
+        in_process(config(model.port, responseHeader=0.2, idle=0)) as world,
+    ):
         model.delay = 2
         call = Call(world.app, "/v1/chat/completions", chat())
         await call.done(timeout=5)
