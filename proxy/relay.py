@@ -36,9 +36,9 @@ from proxy.turn import Turn
 from proxy.usage import Tally
 from scheduler import runtime
 from scheduler.config import ModelConfig
-from scheduler.core.priority import HEADER, parse_priority
+from scheduler.core.priority import HEADER
 from scheduler.dispatcher import Outcome, Refused, Ticket
-from scheduler.keys import ApiKey
+from scheduler.keys import ApiKey, priority_of
 from scheduler.process import ModelStartError
 from scheduler.runtime import UpstreamPool
 from web import cancel, captures
@@ -82,12 +82,7 @@ async def relay(
     request.__dict__.pop("_files", None)
     header = request.META.get(PRIORITY_META)
     key: ApiKey | None = scope.get("llamaswap.api_key") if scope is not None else None
-    if key is None:
-        priority, requested, key_name = parse_priority(header), None, ""
-    else:
-        # The key's rule: its default when the header is absent, its ceiling, its offset.
-        priority, requested = key.policy.grant(header)
-        key_name = key.name
+    priority, requested, key_name = priority_of(key, header)
     turn = Turn(
         runtime.current().dispatcher,
         model,
@@ -114,17 +109,10 @@ async def relay(
                 return shown
         return await answer()
     except asyncio.CancelledError:
-        by = cancel.cancelled_by(request_id)
-        task = asyncio.current_task()
-        if by is None or task is None or task.uncancel() > 0:
+        cancelled = cancel.cancelled_answer(ticket, turn.dispatcher.cancel)
+        if cancelled is None:
             raise  # the client left (or the server gives up): the handler ends the turn
-        turn.dispatcher.cancel(ticket)
-        return error_response(
-            cancel.CANCELLED_STATUS,
-            f"request cancelled by {by} before it was answered",
-            code="request_cancelled",
-            request_id=request_id,
-        )
+        return cancelled
 
 
 URL_CACHE_SIZE = 256

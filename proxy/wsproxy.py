@@ -48,9 +48,9 @@ from proxy.turn import Turn
 from proxy.upstream import forward_headers
 from proxy.views import new_request_id
 from scheduler.config import ModelConfig
-from scheduler.core.priority import HEADER, parse_priority
+from scheduler.core.priority import HEADER
 from scheduler.dispatcher import Outcome, Refused
-from scheduler.keys import ApiKey
+from scheduler.keys import ApiKey, priority_of
 from scheduler.process import ModelStartError, ModelState
 from scheduler.runtime import Runtime
 from web.runtime import scope_runtime
@@ -217,12 +217,7 @@ def _take_turn(
 ) -> Turn:
     """A turn for the socket, at the priority an HTTP request of its key would get."""
     key: ApiKey | None = scope.get("llamaswap.api_key")
-    header = _header(scope, HEADER.lower().encode())
-    if key is None:
-        priority, requested, key_name = parse_priority(header), None, ""
-    else:
-        priority, requested = key.policy.grant(header)
-        key_name = key.name
+    priority, requested, key_name = priority_of(key, _header(scope, HEADER.lower().encode()))
     turn = Turn(
         rt.dispatcher,
         model,

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from scheduler.core.priority import parse_priority_or_none
+from scheduler.core.priority import parse_priority, parse_priority_or_none
 
 
 class Scope(StrEnum):
@@ -110,6 +110,16 @@ class ApiKey:
 
     def allows(self, scope: Scope) -> bool:
         return scope in self.scopes
+
+
+def priority_of(key: ApiKey | None, header: str | bytes | None) -> tuple[int, int | None, str]:
+    """``(priority, requested, key name)`` a request runs at: its header's priority without a
+    key; with one, the key's rule (its default when the header is absent, its ceiling, its
+    offset: :meth:`KeyPolicy.grant`). HTTP requests and relayed websockets alike."""
+    if key is None:
+        return parse_priority(header), None, ""
+    granted, requested = key.policy.grant(header)
+    return granted, requested, key.name
 
 
 def digest(key: str) -> str:

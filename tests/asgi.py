@@ -20,6 +20,7 @@ import httpx
 from proxy.upstream import Upstreams
 from scheduler import runtime
 from scheduler.config import Config
+from scheduler.dispatch_state import ANNOUNCE_AFTER
 from scheduler.dispatcher import Dispatcher, Outcome
 from scheduler.keys import KeyRing
 from scheduler.testing import FakeProcessFactory
@@ -118,8 +119,12 @@ class Call:
         return self.headers[b"x-llamaswap-request-id"].decode()
 
     async def done(self, timeout: float = 2.0) -> None:
+        """The client has its whole answer and the dispatcher has told its observers (the
+        recorder): they hear of a finish ``ANNOUNCE_AFTER`` loop turns after it."""
         async with asyncio.timeout(timeout):
             await asyncio.wait({self.task})
+        for _ in range(ANNOUNCE_AFTER + 1):
+            await asyncio.sleep(0)
 
 
 @contextlib.asynccontextmanager
