@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: install install-run run test bench lint clean chromium
+.PHONY: install install-run run test test-services bench lint clean chromium
 
 # uv (from PyPI, kept inside the venv) installs in seconds what pip takes half a minute
 # for; no bytecode is compiled at install: each module is compiled when first imported and
@@ -51,7 +51,13 @@ chromium:
 test: install chromium
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not services" $(PYTEST_ARGS)
+
+# The end-to-end suites against other programs: the differential test against llama-swap's
+# own binary, and fleets of nodes on the machine's PostgreSQL and Redis (each skips, saying
+# why, where its program is absent). CI (.ci/run) runs them after `make test`.
+test-services: install
+	$(BIN)/python -m pytest -q -m services $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python -m bench

@@ -30,7 +30,7 @@ import pytest
 
 from tests.server import Server, chat, fake_model, free_port_block, migrate_database
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.services]  # make test-services
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REDIS_URL = "redis://127.0.0.1:6379/0"

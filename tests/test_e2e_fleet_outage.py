@@ -44,7 +44,7 @@ from tests.test_e2e_fleet import (
     wait_metrics,
 )
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.services]  # make test-services
 
 NODES = ("box-a", "box-b")
 WAITED_ON_REDIS = 1.0

@@ -47,6 +47,7 @@ pytestmark = [
         "differential test against it)",
     ),
     pytest.mark.timeout(120),
+    pytest.mark.services,  # CI runs it after `make test` (make test-services)
 ]
 
 MODELS = ("m", "org/model")

@@ -58,6 +58,7 @@ pytestmark = [
         "differential test against it)",
     ),
     pytest.mark.timeout(120),
+    pytest.mark.services,  # CI runs it after `make test` (make test-services)
 ]
 
 KEY = "sk-rich-key"
