@@ -135,7 +135,9 @@ def _settings(tmp: Path, start_port: int, peer_port: int) -> dict:
                 "concurrencyLimit": 5,
             },
             "b": {
-                "cmd": fake,
+                # Loads for a second: longer than llamaswap waits before it starts a progress
+                # stream (proxy.progress.PROGRESS_AFTER), however fast the process starts.
+                "cmd": fake + " --load-seconds 1",
                 "proxy": proxy,
                 "useModelName": "upstream-b",
                 "sendLoadingState": True,
