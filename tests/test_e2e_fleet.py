@@ -24,6 +24,7 @@ import re
 import signal
 import time
 import uuid
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -39,7 +40,7 @@ REQUESTS = 240
 PRIORITIES = (100, 0, -100)
 
 
-def _reachable() -> str | None:
+def reachable() -> str | None:
     if os.getenv("LLAMASWAP_SKIP_FLEET_E2E"):
         return "LLAMASWAP_SKIP_FLEET_E2E is set"
     try:
@@ -57,14 +58,16 @@ def _reachable() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def database():
-    why = _reachable()
+@contextlib.contextmanager
+def fresh_database(stem: str) -> Iterator[str]:
+    """A database of its own on the machine's PostgreSQL for one module's nodes, dropped
+    after; the module is skipped, saying why, when PostgreSQL or Redis is not there."""
+    why = reachable()
     if why:
         pytest.skip(why)
     import psycopg
 
-    name = f"llamaswap_fleet_{uuid.uuid4().hex[:12]}"
+    name = f"{stem}_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
@@ -72,6 +75,12 @@ def database():
     finally:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def database():
+    with fresh_database("llamaswap_fleet") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

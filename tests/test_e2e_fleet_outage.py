@@ -36,9 +36,8 @@ from activity import journal
 from tests.server import Server, chat, fake_model, free_port_block, migrate_database
 from tests.tcp_cut import Cut
 from tests.test_e2e_fleet import (
-    PG_ADMIN,
     REDIS_URL,
-    _reachable,
+    fresh_database,
     metric,
     records,
     wait_metrics,
@@ -59,19 +58,8 @@ OUTAGE_SECONDS = 4.0
 
 @pytest.fixture(scope="module")
 def database():
-    why = _reachable()
-    if why:
-        pytest.skip(why)
-    import psycopg
-
-    name = f"llamaswap_outage_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgres://postgres@127.0.0.1:5432/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database("llamaswap_outage") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
