@@ -67,9 +67,11 @@ class WebsocketLimits:
     stall_timeout: float = 30.0
     """Seconds the backlog may stay above ``send_backlog_bytes`` before the connection is
     dropped (the client reads nothing, or too little to be served)."""
-    relay_backlog_bytes: int = 16 * 1024 * 1024
+    relay_backlog_bytes: int = 8 * 1024 * 1024
     """A relayed socket: bytes of the model's frames held for a lagging reader, past which
-    the connection is dropped (a frame is never replaced there)."""
+    the connection is dropped (a frame is never replaced there). With at most 64 relayed
+    sockets (``proxy.wsproxy``), clients that read nothing hold 512 MiB at the most, for
+    ``stall_timeout`` seconds."""
 
     def for_relay(self) -> WebsocketLimits:
         """The inbound budget of a relayed socket: a client streaming to a model (audio,
