@@ -196,6 +196,90 @@ def install_durations() -> None:
     gc.callbacks.append(collected)
 
 
+def install_request_path() -> None:
+    """Stamps along one request's path through the server (``bench/relay_timeline.py``):
+    ``rx`` (Twisted hands daphne the request's bytes), ``parsed`` (daphne has the whole
+    request), ``app`` (the proxy's handler starts), ``submit`` (the view puts its request in
+    line), ``arrived`` (the dispatcher takes it from its inbox), ``headers`` (the model's
+    response headers are read), ``reply`` (daphne is given the response's start),
+    ``tx`` (Twisted writes bytes to a client's socket)."""
+    from daphne.http_protocol import WebRequest
+    from twisted.internet import tcp
+    from twisted.web.http import HTTPChannel
+
+    from proxy.handler import ProxyHandler
+    from proxy.upstream import Upstreams
+    from scheduler.dispatch_state import Arrived
+    from scheduler.dispatcher import Dispatcher
+
+    received = HTTPChannel.dataReceived
+
+    def data_received(self: Any, data: bytes) -> None:
+        _stamp("rx")
+        received(self, data)
+
+    HTTPChannel.dataReceived = data_received  # type: ignore[method-assign]
+    process = WebRequest.process
+
+    def processed(self: Any) -> Any:
+        _stamp("parsed")
+        return process(self)
+
+    WebRequest.process = processed  # type: ignore[method-assign]
+    handle = ProxyHandler.handle
+
+    async def handled(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") == "http":
+            _stamp("app")
+        await handle(self, scope, receive, send)
+        _stamp("appdone")
+
+    ProxyHandler.handle = handled  # type: ignore[method-assign]
+    submit = Dispatcher.submit
+
+    def submitted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _stamp("submit")
+        return submit(self, *args, **kwargs)
+
+    Dispatcher.submit = submitted  # type: ignore[method-assign]
+    on_event = Dispatcher._handle
+
+    def on_arrived(self: Any, event: object) -> None:
+        if isinstance(event, Arrived):
+            _stamp("arrived")
+        on_event(self, event)
+
+    Dispatcher._handle = on_arrived  # type: ignore[method-assign]
+    _timed(Dispatcher, "_dispatch", "disp")
+    _timed(ProxyHandler, "create_request", "req")
+    send = Upstreams.send
+
+    async def sent(self: Any, request: Any) -> Any:
+        response = await send(self, request)
+        _stamp("headers")
+        return response
+
+    Upstreams.send = sent  # type: ignore[method-assign]
+    reply = WebRequest.handle_reply
+
+    def replied(self: Any, message: Any) -> None:
+        if message.get("type") == "http.response.start":
+            _stamp("reply")
+        else:
+            _stamp("body")
+        reply(self, message)
+        _stamp("replied")
+
+    WebRequest.handle_reply = replied  # type: ignore[method-assign]
+    write_some = tcp.Connection.writeSomeData
+
+    def wrote_some(self: Any, data: Any) -> Any:
+        _stamp("tx")
+        return write_some(self, data)
+
+    tcp.Connection.writeSomeData = wrote_some  # type: ignore[method-assign]
+
+
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llamaswap_site.settings")
     import django
@@ -203,6 +287,8 @@ def main() -> None:
     django.setup()
     install()
     install_durations()
+    if os.environ.get("BENCH_STAGES_REQUEST_PATH"):
+        install_request_path()
     from django.core.management import execute_from_command_line
 
     try:
