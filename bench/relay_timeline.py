@@ -1,24 +1,29 @@
 """Where one relayed request's added time goes: a timeline, stage by stage.
 
-``python -m bench.relay_timeline [--requests N] [--pause MS] [--stream]``: the fifo server
+``python -m bench.relay_timeline [--requests N] [--pause MS]``: the fifo server
 of ``bench proxy`` (model ``m`` on ``bench/stampmodel.py``, which notes when each request
 arrived and when its answer left) started through ``bench/stages.py`` with the request
 path's stamps (``BENCH_STAGES_REQUEST_PATH``); one client on a keep-alive connection sends
 a chat completion, waits for the whole answer, pauses (``--pause``, 1 ms: in ``bench versus``
 the sides alternate, so the proxy is idle between its requests), and so on. Every clock is
-``CLOCK_MONOTONIC``, shared by the three processes. The same client then calls the model
-directly for the reference.
+``CLOCK_MONOTONIC``, shared by the three processes.
 
 Each request's window (client send → client has the answer) is cut at the first stamp of
 each stage, in the order a request passes them; a stage missing from a window drops that
-request from the table. Printed: p50 and p90 µs of each step, the steps' sum, and the added
-time (proxy − direct, p50 of each). Proxy pinned to core 0, model and client to core 1,
-as in ``bench versus``.
+request from the table. Printed: p50 and p90 µs of each step and the steps' sum.
+
+Then the sides in turn, request by request (as in ``bench versus``, so each server starts
+each request with caches the others used): the model directly, daphne alone
+(``bench/bare.py``: an ASGI app with no framework that answers at once, no model behind
+it: the fixed stack's floor), llama-swap (``$LLAMA_SWAP``, when present) and llamaswap in
+front of the same model; p50, p99 and the added p50 (side − direct). Proxies pinned to
+core 0, model and client to core 1, as in ``bench versus``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -27,7 +32,19 @@ import time
 from pathlib import Path
 
 from bench import machine, quantile_us
-from bench.bench_proxy import CHAT, CLIENT_CPU, PY, ROOT, Conn, Proc, Server, pinning, post_bytes
+from bench.bench_proxy import (
+    CHAT,
+    CLIENT_CPU,
+    PY,
+    ROOT,
+    SERVER_CPU,
+    Conn,
+    Proc,
+    Server,
+    pinning,
+    post_bytes,
+)
+from bench.bench_versus import LLAMA_SWAP, LlamaSwap, load
 from scheduler.testing import free_port
 
 ORDER = [
@@ -110,6 +127,26 @@ def _timeline(
     return steps, between
 
 
+def _sides(ports: dict[str, int], n: int, pause_s: float) -> dict[str, list[int]]:
+    """``n`` sequential requests per side, the sides in turn request by request (as in
+    ``bench versus``), one keep-alive connection each: ns from send to the whole answer."""
+    raws = {side: post_bytes(port, CHAT) for side, port in ports.items()}
+    out: dict[str, list[int]] = {side: [] for side in ports}
+    with contextlib.ExitStack() as stack:
+        conns = {side: stack.enter_context(Conn(port)) for side, port in ports.items()}
+        for i in range(50 + n):
+            for side, conn in conns.items():
+                t0 = time.monotonic_ns()
+                r = conn.send(raws[side])
+                t1 = time.monotonic_ns()
+                if r.status != 200:
+                    raise RuntimeError(f"{side}: HTTP {r.status}: {r.body[:200]!r}")
+                if i >= 50:
+                    out[side].append(t1 - t0)
+                time.sleep(pause_s)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
@@ -118,8 +155,10 @@ def main() -> None:
     pin = pinning()
     if pin:
         os.sched_setaffinity(0, {CLIENT_CPU})
-    print(f"machine: {machine()}")
-    with tempfile.TemporaryDirectory() as tmp_name:
+    pause = args.pause / 1000
+    print(f"machine: {machine()}; load average {load()} before")
+    have_ls = LLAMA_SWAP.is_file() and os.access(LLAMA_SWAP, os.X_OK)
+    with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
         out = tmp / "stages.jsonl"
         os.environ["BENCH_STAGES_REQUEST_PATH"] = "1"
@@ -130,34 +169,37 @@ def main() -> None:
         server = Server(
             tmp, "timeline", "fifo", pin, model_module="bench.stampmodel", stages_out=out
         )
-        raw = post_bytes(server.port, CHAT)
-        try:
-            server.wait_ready()
-            _client(server.port, raw, 50, args.pause / 1000)
-            _stamps(server.model_port)
-            windows = _client(server.port, raw, args.requests, args.pause / 1000)
-            rows = _stamps(server.model_port)
-        finally:
-            server.stop()
-        model_port = free_port()
-        model = Proc(
-            [PY, "-m", "bench.stampmodel", "--host", "127.0.0.1", "--port", str(model_port)],
-            model_port,
-            CLIENT_CPU if pin else None,
-            tmp / "model.log",
+        stack.callback(server.stop)
+        server.wait_ready()
+        bare_port = free_port()
+        bare = Proc(
+            [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(bare_port), "bench.bare:app"],
+            bare_port,
+            SERVER_CPU if pin else None,
+            tmp / "bare.log",
         )
-        try:
-            model.wait_ready("/health")
-            direct_raw = post_bytes(model_port, CHAT)
-            _client(model_port, direct_raw, 50, args.pause / 1000)
-            direct = _client(model_port, direct_raw, args.requests, args.pause / 1000)
-        finally:
-            model.stop()
+        stack.callback(bare.stop)
+        bare.wait_ready("/")
+        raw = post_bytes(server.port, CHAT)
+        _client(server.port, raw, 50, pause)  # loads the model
+        ports = {"direct": server.model_port, "daphne alone": bare_port}
+        if have_ls:
+            theirs = LlamaSwap(tmp, server.model_port, pin)
+            stack.callback(theirs.stop)
+            theirs.wait_ready("/health")
+            _client(theirs.port, post_bytes(theirs.port, CHAT), 50, pause)
+            ports["llama-swap"] = theirs.port
+        ports["llamaswap"] = server.port
+        _stamps(server.model_port)
+        windows = _client(server.port, raw, args.requests, pause)
+        rows = _stamps(server.model_port)
+        sides = _sides(ports, max(200, args.requests // 2), pause)
+        stack.close()  # the server writes its stamps as it exits
         lines = [json.loads(line) for line in out.read_text().splitlines()]
         events = [tuple(x) for x in lines if len(x) == 2]
     steps, between = _timeline(windows, rows, events)  # type: ignore[arg-type]
     counted = len(steps["done"])
-    print(f"{counted} of {len(windows)} requests with every stamp\n")
+    print(f"load average {load()} after; {counted} of {len(windows)} requests with every stamp\n")
     print("| step | p50 µs | p90 µs |\n| :-- | --: | --: |")
     total50 = 0.0
     for kind, label in ORDER:
@@ -165,13 +207,18 @@ def main() -> None:
         total50 += p50
         print(f"| {label} | {p50:.0f} | {p90:.0f} |")
     proxy = [t1 - t0 for t0, t1 in windows]
-    alone = [t1 - t0 for t0, t1 in direct]
     print(
-        f"\nsum of step p50s {total50:.0f} µs; whole request p50 {quantile_us(proxy, 0.5):.0f} µs, "
-        f"direct p50 {quantile_us(alone, 0.5):.0f} µs, added "
-        f"{quantile_us(proxy, 0.5) - quantile_us(alone, 0.5):.0f} µs"
+        f"| sum of the steps' p50s / the whole request's p50 | {total50:.0f} | "
+        f"{quantile_us(proxy, 0.5):.0f} |"
     )
-    print("between reply and tx, stamps seen in all requests:", between)
+    print("\nbetween reply and tx, stamps seen in all requests:", between)
+    direct50 = quantile_us(sides["direct"], 0.5)
+    print("\nSides alternated request by request (the whole answer, µs):\n")
+    print("| side | p50 | p99 | added p50 (side − direct) |\n| :-- | --: | --: | --: |")
+    for side, samples in sides.items():
+        p50 = quantile_us(samples, 0.5)
+        added = f"{p50 - direct50:.0f}" if side != "direct" else "–"
+        print(f"| {side} | {p50:.0f} | {quantile_us(samples, 0.99):.0f} | {added} |")
 
 
 if __name__ == "__main__":
