@@ -15,6 +15,11 @@ The breakdown comes from a second server, the same code started through
 the upstream answer (model) -> read by the proxy -> ``finish`` -> dispatcher task runs ->
 pick -> grant -> the dispatcher's step done -> view resumes -> first write to the model's
 socket -> arrival at the model. Modes alternate in rounds on fresh servers.
+
+The stack's floor comes from a third server in the same rounds, with the same client and
+pinning: ``bench/bare_relay.py``, daphne with no framework relaying one request at a time
+in arrival order over one raw keep-alive connection. Its gap is what daphne and the event
+loop leave when the relay does nothing else; the product's gap is reported as a ratio to it.
 """
 
 from __future__ import annotations
@@ -228,6 +233,40 @@ def _breakdown(rows: list[list[int]], events: list[tuple[str, int]]) -> dict[str
     return per
 
 
+def _relay_run(tmp: Path, pin: bool, n: int, service_s: float) -> tuple[list[int], dict]:
+    """The gaps behind ``bench/bare_relay.py`` (the stack's floor) under the same load."""
+    model_port, port = free_port(), free_port()
+    model = Proc(
+        [PY, "-m", "bench.stampmodel", "--host", "127.0.0.1", "--port", str(model_port)],
+        model_port,
+        CLIENT_CPU if pin else None,
+        tmp / f"relaymodel-{n}.log",
+    )
+    relay = None
+    try:
+        model.wait_ready()
+        relay = Proc(
+            [PY, "-m", "bench.bare_relay", "--port", str(port)]
+            + ["--upstream", f"127.0.0.1:{model_port}"],
+            port,
+            SERVER_CPU if pin else None,
+            tmp / f"relay-{n}.log",
+        )
+        relay.wait_ready()
+        with Conn(port, timeout=PHASE_TIMEOUT_S) as c:
+            for _ in range(20):
+                if (r := c.send(_post(port, "0"))).status != 200:
+                    raise RuntimeError(f"relay warm-up: HTTP {r.status} {r.body[:300]!r}")
+        _stamps(model_port)
+        load = asyncio.run(_load(port, WARMUP_JOBS + JOBS, service_s, relay.pid))
+        rows = _stamps(model_port)[WARMUP_JOBS:]
+    finally:
+        if relay is not None:
+            relay.stop()
+        model.stop()
+    return _gaps(rows), load
+
+
 def _run(
     tmp: Path, pin: bool, staged: bool, n: int, service_s: float
 ) -> tuple[list[int], dict | None, dict]:
@@ -325,6 +364,7 @@ def main() -> str:
     results: dict[float, Result] = {s: Result() for s in SERVICE_S}
     refs: dict[str, list[tuple[float, float]]] = {}
     errors = 0
+    loads: list[float] = []  # the 1-minute load average before each run: shared cores
     try:
         if pin:
             os.sched_setaffinity(0, {CLIENT_CPU})
@@ -336,21 +376,32 @@ def main() -> str:
         for r in range(ROUNDS):
             for service in SERVICE_S:
                 res = results[service]
-                for staged in (False, True) if r % 2 == 0 else (True, False):
+                modes = ("product", "staged", "floor")
+                for what in modes if r % 2 == 0 else modes[::-1]:
                     n += 1
-                    what = "staged" if staged else "product"
-                    print(f"  round {r + 1}, {service * 1000:g} ms jobs: {what} ...", flush=True)
-                    g, b, load = _run(tmp, pin, staged, n, service)
-                    res.errors += load["errors"]
-                    if staged:
-                        res.staged += g
-                        for kind, values in (b or {}).items():
-                            res.per.setdefault(kind, []).extend(values)
+                    loads.append(os.getloadavg()[0])
+                    print(
+                        f"  round {r + 1}, {service * 1000:g} ms jobs: {what} "
+                        f"(load {loads[-1]:.1f}) ...",
+                        flush=True,
+                    )
+                    if what == "floor":
+                        g, load = _relay_run(tmp, pin, n, service)
+                        res.floor += g
+                        if "cpu_ms" in load:
+                            res.floor_cpu.append((load["cpu_ms"], load["rps"]))
                     else:
-                        res.gaps += g
+                        g, b, load = _run(tmp, pin, what == "staged", n, service)
+                        if what == "staged":
+                            res.staged += g
+                            for kind, values in (b or {}).items():
+                                res.per.setdefault(kind, []).extend(values)
+                        else:
+                            res.gaps += g
+                            if "cpu_ms" in load:
+                                res.cpu.append((load["cpu_ms"], load["rps"]))
+                    res.errors += load["errors"]
                     print(f"    gap p50 {ms(g, 0.5):.2f} ms, p99 {ms(g, 0.99):.2f} ms ({len(g)})")
-                    if not staged and "cpu_ms" in load:
-                        res.cpu.append((load["cpu_ms"], load["rps"]))
             for kind, _ in REFERENCES:
                 print(f"  round {r + 1}, reference: {kind} ...", flush=True)
                 load = _reference(tmp, pin, kind)
@@ -362,7 +413,7 @@ def main() -> str:
             os.sched_setaffinity(0, old_affinity)
         with contextlib.suppress(OSError):
             shutil.rmtree(tmp)
-    return report(results, refs, errors, time.perf_counter() - started, pin)
+    return report(results, refs, errors, time.perf_counter() - started, pin, loads)
 
 
 @dataclass
@@ -373,6 +424,9 @@ class Result:
     errors: int = 0
     cpu: list[tuple[float, float]] = field(default_factory=list)
     """Per product round: (the server's CPU ms per job, jobs per second)."""
+    floor: list[int] = field(default_factory=list)
+    """The gaps behind ``bench/bare_relay.py``, the stack's floor."""
+    floor_cpu: list[tuple[float, float]] = field(default_factory=list)
 
 
 def _job(service: float) -> str:
@@ -385,6 +439,7 @@ def report(
     ref_errors: int,
     elapsed: float,
     pin: bool,
+    loads: list[float] | None = None,
 ) -> str:
     rows = []
     verdicts = []
@@ -409,10 +464,34 @@ def report(
                 f"{len(staged):,}",
             ]
         )
+        floor = res.floor
+        if floor:
+            rows.append(
+                [
+                    f"{_job(service)}: the stack's floor (`bench/bare_relay.py`)",
+                    f"{ms(floor, 0.5):.3f}",
+                    f"{ms(floor, 0.99):.3f}",
+                    f"{ms(floor, 0.999):.3f}",
+                    f"{len(floor):,}",
+                ]
+            )
+            rows.append(
+                [
+                    f"{_job(service)}: product ÷ floor",
+                    *(f"{ms(gaps, q) / (ms(floor, q) or 1e-9):.1f}×" for q in (0.5, 0.99, 0.999)),
+                    "",
+                ]
+            )
         ok50, ok99 = p50 <= TARGET_P50_MS, p99 <= TARGET_P99_MS
         verdicts.append(
             f"{_job(service)}: p50 {p50:.2f} ms {'met' if ok50 else '**missed**'}, "
             f"p99 {p99:.2f} ms {'met' if ok99 else '**missed**'}"
+            + (
+                f" (the floor: {ms(floor, 0.5):.2f} / {ms(floor, 0.99):.2f} ms; the product "
+                f"{p50 / (ms(floor, 0.5) or 1e-9):.1f}× / {p99 / (ms(floor, 0.99) or 1e-9):.1f}× it)"
+                if floor
+                else ""
+            )
         )
     labels = dict(STAGES)
     labels["arrive"] = "job n+1 arrives at the model"
@@ -492,6 +571,19 @@ def report(
                 ]
             )
     for service, res in results.items():
+        if res.floor_cpu:
+            cpu = statistics.fmean(c for c, _ in res.floor_cpu)
+            rate = statistics.fmean(r for _, r in res.floor_cpu)
+            cpu_rows.append(
+                [
+                    f"the stack's floor (`bench/bare_relay.py`), {_job(service)}, "
+                    f"{WAITING + 1:,} connections",
+                    f"{cpu:.3f}",
+                    f"{cpu / floor_cpu:.2f}×" if floor_cpu else "",
+                    f"{rate:,.0f}",
+                ]
+            )
+    for service, res in results.items():
         if res.cpu:
             cpu = statistics.fmean(c for c, _ in res.cpu)
             rate = statistics.fmean(r for _, r in res.cpu)
@@ -504,9 +596,15 @@ def report(
                 ]
             )
     placement = "proxy on core 0, model and clients on core 1" if pin else "no CPU pinning"
+    load = (
+        f"; load average (1 min) {min(loads):.1f}–{max(loads):.1f} over the runs, "
+        "the cores shared with other work"
+        if loads
+        else ""
+    )
     lines = [
         "`.venv/bin/python -m bench gap` (`make bench` runs all benches). "
-        f"Machine: {machine()}. One run, {elapsed:.0f} s; {placement}.",
+        f"Machine: {machine()}. One run, {elapsed:.0f} s; {placement}{load}.",
         "",
         markdown_table(["gap at the model, ms", "p50", "p99", "p99.9", "gaps"], rows),
         "",
@@ -518,7 +616,12 @@ def report(
         "arrival of job n+1 at the model minus the moment the last byte of job n's answer left "
         "it (CLOCK_MONOTONIC in both processes). With jobs answered at once the proxy has no "
         "idle time to do the rest of its work in (the client's answer, the next arrival), so "
-        "that gap is its whole CPU time per job; with real jobs that work overlaps the next job.",
+        "that gap is its whole CPU time per job; with real jobs that work overlaps the next job. "
+        "The stack's floor: `bench/bare_relay.py`, daphne with no framework (as "
+        "`bench/bare.py`) relaying the requests one at a time in arrival order (an "
+        "`asyncio.Queue` and one worker task) over one raw asyncio keep-alive connection to "
+        "the same model, no httpx, no Django, no scheduler; started in the same rounds with "
+        "the same client, job lengths and pinning.",
         "",
         "CPU time per request under the same load (the server process's user + system time "
         f"over the {JOBS:,} answers after the warm-up, divided by them; means of {ROUNDS} rounds; "

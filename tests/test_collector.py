@@ -1,8 +1,9 @@
 """The garbage collector's pacing in the serving process (proxy/collector.py).
 
-Young collections run just after a request went to its model; full ones are the server's
-to start, at most every ``full_every`` seconds while models work, or from a timer. A fake of
-the :mod:`gc` module keeps the interpreter's counting rules; the last tests run the real one.
+Young collections run just after a request went to its model, the middle generation every
+third time; full ones are the server's to start, at most every ``full_every`` seconds while
+models work, or from a timer. A fake of the :mod:`gc` module keeps the interpreter's
+counting rules; the last tests run the real one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import weakref
 
 import pytest
 
-from proxy.collector import NEVER, YOUNG_AT, Collector
+from proxy.collector import MIDDLE_AT, NEVER, YOUNG_AT, Collector
 
 
 class FakeGC:
@@ -71,7 +72,7 @@ def installed(full_every: float = 60.0) -> tuple[Collector, FakeGC, Clock]:
 
 def test_install_takes_full_collections_from_the_interpreter() -> None:
     collector, fake, _ = installed()
-    assert fake.get_threshold() == (700, 10, NEVER)
+    assert fake.get_threshold() == (700, MIDDLE_AT, NEVER)
     collector.uninstall()
     assert fake.get_threshold() == (700, 10, 10)
 
@@ -89,11 +90,12 @@ def test_a_young_collection_runs_when_a_request_went_to_its_model_with_enough_pe
 
 def test_the_middle_generation_is_collected_where_the_interpreter_would() -> None:
     collector, fake, _ = installed()
-    for _ in range(25):
+    for _ in range(7):
         fake.allocate(YOUNG_AT)
         collector.model_started()
-    # 11 young collections, then the middle one (its count passed 10), and again.
-    assert fake.collections == ([0] * 11 + [1]) * 2 + [0]
+    # Two young collections, then the middle one (its count passed MIDDLE_AT), and again:
+    # each middle collection holds what two young ones left, short enough to overlap a job.
+    assert fake.collections == [0, 0, 1] * 2 + [0]
     assert 2 not in fake.collections
 
 
