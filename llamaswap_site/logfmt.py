@@ -11,6 +11,7 @@ import datetime
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
@@ -90,11 +91,28 @@ class KeyValueFormatter(logging.Formatter):
     time_layout = ""
     """A Go layout name (``logTimeFormat``); "" keeps Python's default timestamp."""
 
+    _second: tuple[tuple[str | None, int], str] | None = None
+    """The last (datefmt, whole second) formatted by Python's default, and its text."""
+
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
         if not self.time_layout:
-            return super().formatTime(record, datefmt)
+            return self._default_time(record, datefmt)
         moment = datetime.datetime.fromtimestamp(record.created).astimezone()
         return go_time(self.time_layout, moment)
+
+    def _default_time(self, record: logging.LogRecord, datefmt: str | None) -> str:
+        """What ``logging.Formatter.formatTime`` writes, its date and seconds formatted
+        once per second (``strftime`` is most of its cost, and the dispatcher logs a line
+        per request): the local time of a whole second depends on that second only."""
+        key = (datefmt, int(record.created))
+        cached = self._second
+        if cached is None or cached[0] != key:
+            when = self.converter(record.created)
+            text = time.strftime(datefmt or self.default_time_format, when)
+            cached = self._second = (key, text)
+        if datefmt or not self.default_msec_format:
+            return cached[1]
+        return self.default_msec_format % (cached[1], record.msecs)
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)

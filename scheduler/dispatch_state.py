@@ -48,9 +48,9 @@ SUSPECT_WAIT = 0.5
 is sent to it (see :meth:`Dispatcher.suspect`)."""
 
 ANNOUNCE_AFTER = 4
-"""Loop turns a dispatch's log line and observer calls wait: the grant resolves the
-ticket's future, whose callback wakes ``Ticket.wait``'s shield, which wakes the view,
-which writes the request to the model (see :meth:`Dispatcher._announce`)."""
+"""Loop turns a dispatch's log line and observer calls wait: the grant settles what
+``Ticket.wait`` awaits, which wakes the view on the next turn, which writes the request to
+the model (the view may await more on its way there; see :meth:`Dispatcher._announce`)."""
 
 
 # -- events -----------------------------------------------------------------------------
@@ -472,6 +472,7 @@ class DispatcherBase:
         ticket.ready_at = self._clock()
         if not ticket.granted.done():
             ticket.granted.set_result(ticket.model.proxy)
+            ticket.pass_on()  # the view resumes on the next loop turn
 
     def _loaded_changed(self, lane: DispatchLane) -> None:
         self._queue.lane(lane.name).set_loaded_models(lane.resident())
@@ -517,19 +518,23 @@ class DispatcherBase:
 
     @staticmethod
     def _fields(ticket: Ticket) -> dict[str, object]:
+        """The key=value fields of a ticket's log lines (built per dispatch: one literal)."""
         d = ticket.decision
-        fields: dict[str, object] = {
+        if d is None:
+            return {
+                "request_id": ticket.request_id,
+                "model": ticket.model.id,
+                "priority": ticket.priority,
+                "lane": ticket.lane,
+            }
+        return {
             "request_id": ticket.request_id,
             "model": ticket.model.id,
             "priority": ticket.priority,
             "lane": ticket.lane,
+            "band": d.band.value,
+            "score": round(d.score, 3),
+            "wait_ms": round(d.queue_wait * 1000, 1),
+            "swap": d.needs_swap,
+            "reordered_by": sorted(t.value for t in d.reordered_by) if d.reordered_by else [],
         }
-        if d is not None:
-            fields.update(
-                band=d.band.value,
-                score=round(d.score, 3),
-                wait_ms=round(d.queue_wait * 1000, 1),
-                swap=d.needs_swap,
-                reordered_by=sorted(t.value for t in d.reordered_by),
-            )
-        return fields

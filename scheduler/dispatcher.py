@@ -330,6 +330,14 @@ class Dispatcher(Loads):
             event = await inbox.get()
             if isinstance(event, StopLoop):
                 return
+            alone = False
+            if isinstance(event, Finished) and inbox.empty() and not self._queue:
+                # Nothing waits, so no grant follows from this turn's end: let the loop
+                # go round once first, so that the answer its view just handed to the
+                # server goes out before this step (which would otherwise run ahead of
+                # the write). Events posted meanwhile queue behind it, in order.
+                await asyncio.sleep(0)
+                alone = inbox.empty()
             self._handle(event)
             # Apply everything that arrived meanwhile before deciding, so a burst is
             # ordered by the policy rather than by who got into the inbox first.
@@ -346,6 +354,10 @@ class Dispatcher(Loads):
                     self._retire()
             except Exception:  # never let one bad decision kill the loop
                 log.exception("dispatch failed")
+            if alone:
+                # Nothing was granted in this batch, so no view is to go first: tell the
+                # observers now (the answer is out already).
+                self._flush_announcements()
 
     def _handle(self, event: object) -> None:
         if self._announcements and not isinstance(event, Arrived):

@@ -280,6 +280,17 @@ class WaitingQueue:
         """
         self._saturate(now)
         order = self._score_order
+        if len(self._entries) == 1:
+            # Alone in the queue (the common case with a free slot): it is the pick under
+            # every ordering, so no term reordered it and there is no runner-up. The same
+            # decision the lookups below reach, without them.
+            winner = next(iter(self._entries.values()))
+            if model is not None and winner.request.model != model:
+                return None
+            self._charge(now)
+            self._last_pick = (now, winner.request.band)
+            self._remove_entry(winner)
+            return self._decision(winner, now, frozenset(), None)
         if model is not None:
             if model not in self._all.plain.by_model:
                 return None
@@ -389,12 +400,13 @@ class WaitingQueue:
 
     def _remove_entry(self, entry: _Entry) -> None:
         request = entry.request
+        band = request.band
         del self._entries[request.request_id]
-        band_queue = self._by_band[request.band]
+        band_queue = self._by_band[band]
         del band_queue[request.request_id]
         if not band_queue:
-            self._busy_since[request.band] = None
-            self._served[request.band] = 0.0
+            self._busy_since[band] = None
+            self._served[band] = 0.0
         entry.live = False
         model = request.model
         for family in self._families(entry):
