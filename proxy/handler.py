@@ -22,6 +22,9 @@ receivers, which under ASGI each cost a thread hop and an OS thread per waiting 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import functools
 import io
 import logging
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -30,8 +33,8 @@ from typing import IO, Any
 from django.core.exceptions import RequestAborted, SuspiciousOperation, TooManyFieldsSent
 from django.core.handlers.asgi import ASGIHandler, ASGIRequest
 from django.core.handlers.exception import convert_exception_to_response
-from django.http import HttpResponse, HttpResponseBase
-from django.urls import set_script_prefix
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.urls import ResolverMatch, URLResolver, get_resolver, set_script_prefix
 
 from proxy.turn import Turn
 from scheduler.config import RequestLimits, Security
@@ -55,6 +58,11 @@ Scope = MutableMapping[str, Any]
 
 DEFAULT_LIMITS = RequestLimits()
 """``limits`` when the handler serves no runtime (tests of the bare handler)."""
+RESOLVE_CACHE_SIZE = 256
+RESOLVE_CACHE_MAX_CHARS = 512
+"""A path's URL match is kept (Django's resolver tries the URLconf's patterns one by one:
+17 µs for ``/v1/chat/completions``, 48 for ``/health``), for this many paths this short at
+most (``/upstream/...`` paths vary): the cache stays bounded whatever clients send."""
 
 
 class RefuseSuspicious(ASGIHandler):
@@ -100,6 +108,17 @@ class ProxyHandler(RefuseSuspicious):
         self._template_response_middleware: list[Any] = []
         self._exception_middleware: list[Any] = []
         self._middleware_chain = convert_exception_to_response(self._get_response_async)  # type: ignore[attr-defined]
+
+    def resolve_request(self, request: HttpRequest) -> ResolverMatch:
+        """Django's, with the match of a path kept (:data:`RESOLVE_CACHE_SIZE`): the
+        URLconf does not change while it serves (a new one is a new resolver, another
+        key). A path that matches nothing raises ``Resolver404`` every time."""
+        path = request.path_info
+        if hasattr(request, "urlconf") or len(path) > RESOLVE_CACHE_MAX_CHARS:
+            return super().resolve_request(request)
+        match = _resolved(get_resolver(), path)
+        request.resolver_match = match
+        return match
 
     # -- before any handler ------------------------------------------------------------
 
@@ -171,15 +190,21 @@ class ProxyHandler(RefuseSuspicious):
         request.scope = scope
         request.turn = None  # type: ignore[attr-defined]
 
-        # The view runs in this task; a second one waits for the client to leave and
-        # cancels it (Django's own behaviour, with one task per request instead of two
-        # and no asyncio.wait: BENCHMARKS.md, "Where a relayed request's CPU goes").
+        # The view runs in this task; a listener waits for the client to leave and cancels
+        # it (Django's own behaviour, with one task per request instead of two and no
+        # asyncio.wait: BENCHMARKS.md, "Where a relayed request's CPU goes"; on daphne's
+        # queue, with no second task at all: _QueueListener).
         task = asyncio.current_task()
         assert task is not None
         before = task.cancelling()  # another party's cancellations, older than this request
         watch = _DisconnectWatch(task)
-        listener = asyncio.create_task(self.listen_for_disconnect(receive))
-        listener.add_done_callback(watch.listener_done)
+        queue = _queue_of(receive)
+        listener: asyncio.Task[Any] | _QueueListener
+        if queue is not None:
+            listener = _QueueListener(queue, watch)
+        else:
+            listener = asyncio.create_task(self.listen_for_disconnect(receive))
+            listener.add_done_callback(watch.listener_done)
         response: HttpResponseBase | None = None
         failure: BaseException | None = None
         try:
@@ -220,21 +245,21 @@ class ProxyHandler(RefuseSuspicious):
             failure = None
 
     async def send_response(self, response: HttpResponseBase, send: Send) -> None:
-        """Django's, except for a relayed stream (``response.relay_stream``, set by
-        proxy/relay.py): its pieces go to the server as they come, without the three
-        generator layers and the re-chunking Django puts around every piece."""
+        """Django's, sent with fewer layers: a whole answer within one of Django's chunks
+        in one body message (Django's own sends just that, through a generator and a
+        conversion per header); a relayed stream (``response.relay_stream``, set by
+        proxy/relay.py) piece by piece as they come, without the three generator layers and
+        the re-chunking Django puts around every piece."""
         stream = getattr(response, "relay_stream", None)
         if stream is None:
-            await super().send_response(response, send)
+            body = None if response.streaming else response.content  # type: ignore[attr-defined]
+            if body is None or len(body) > self.chunk_size:
+                await super().send_response(response, send)
+                return
+            await send(_start(response))
+            await send({"type": "http.response.body", "body": body, "more_body": False})
             return
-        headers = []
-        for name, value in response.items():
-            headers.append((name.encode("ascii"), value.encode("latin1")))
-        for cookie in response.cookies.values():
-            headers.append((b"Set-Cookie", cookie.output(header="").encode("ascii").strip()))
-        await send(
-            {"type": "http.response.start", "status": response.status_code, "headers": headers}
-        )
+        await send(_start(response))
         try:
             async for chunk in stream:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -246,6 +271,21 @@ class ProxyHandler(RefuseSuspicious):
     def get_script_prefix(scope: Mapping[str, Any]) -> str:
         prefix: str = scope.get("root_path", "") or "/"
         return prefix
+
+
+def _start(response: HttpResponseBase) -> dict[str, Any]:
+    """The ``http.response.start`` message of ``response``, as Django's handler builds it."""
+    headers = [(name.encode("ascii"), value.encode("latin1")) for name, value in response.items()]
+    for cookie in response.cookies.values():
+        headers.append((b"Set-Cookie", cookie.output(header="").encode("ascii").strip()))
+    return {"type": "http.response.start", "status": response.status_code, "headers": headers}
+
+
+@functools.lru_cache(maxsize=RESOLVE_CACHE_SIZE)
+def _resolved(resolver: URLResolver, path: str) -> ResolverMatch:
+    """``resolver.resolve(path)``, shared by the requests for ``path``: a match is never
+    changed once made (the view gets its arguments unpacked)."""
+    return resolver.resolve(path)
 
 
 def _allowing(send: Send, origin: bytes) -> Send:
@@ -294,23 +334,24 @@ async def read_body(scope: Scope, receive: Receive, limits: RequestLimits) -> by
     deadline = loop.time() + limits.body_timeout if limits.body_timeout else None
     idle = limits.body_idle_timeout or None
     try:
-        async with asyncio.timeout(None) as timer:
-            while True:
-                if idle is not None or deadline is not None:
-                    at = loop.time() + idle if idle is not None else deadline
-                    assert at is not None
-                    timer.reschedule(at if deadline is None else min(at, deadline))
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise RequestAborted()
-                chunk: bytes = message.get("body", b"")
-                if chunk:
-                    size += len(chunk)
-                    if size > limit:
-                        raise BodyRefused(too_large(size, limit))
-                    chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
+        while True:
+            message = _queued(receive)
+            if message is None:  # the client still sends: wait, within the limits
+                at = loop.time() + idle if idle is not None else deadline
+                if at is not None and deadline is not None:
+                    at = min(at, deadline)
+                async with asyncio.timeout_at(at):
+                    message = await receive()
+            if message["type"] == "http.disconnect":
+                raise RequestAborted()
+            chunk: bytes = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise BodyRefused(too_large(size, limit))
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
     except TimeoutError:
         client = scope.get("client") or ("?", 0)
         log.warning(
@@ -327,6 +368,26 @@ async def read_body(scope: Scope, receive: Receive, limits: RequestLimits) -> by
     if len(chunks) == 1:
         return chunks[0]
     return b"".join(chunks)
+
+
+def _queue_of(receive: Receive) -> asyncio.Queue[Mapping[str, Any]] | None:
+    """The queue ``receive`` reads when it is an ``asyncio.Queue``'s ``get`` (daphne's)
+    whose waiting getters are where CPython keeps them (a deque, ``_getters``: 3.11 to
+    3.13); None otherwise, and the handler uses Django's listener task instead."""
+    if getattr(receive, "__func__", None) is not asyncio.Queue.get:
+        return None
+    queue = receive.__self__  # type: ignore[attr-defined]
+    if not isinstance(getattr(queue, "_getters", None), collections.deque):
+        return None
+    return queue  # type: ignore[no-any-return]
+
+
+def _queued(receive: Receive) -> Mapping[str, Any] | None:
+    """The next message, when ``receive`` reads a queue (:func:`_queue_of`) and one is
+    waiting in it: taken without a wait, so without a timer (a timeout's timer costs
+    10 µs; daphne queues a short body before the handler starts). None otherwise."""
+    queue = _queue_of(receive)
+    return queue.get_nowait() if queue is not None and queue.qsize() else None
 
 
 def too_large(size: int, limit: int) -> HttpResponse:
@@ -353,11 +414,52 @@ class _DisconnectWatch:
         if listener.cancelled():
             return
         listener.exception()  # retrieved (RequestAborted): no "never retrieved" log
+        self.left()
+
+    def left(self) -> None:
         self.client_left = True
         if self.watching:
             self.watching = False
             self.cancel_sent = True
             self.task.cancel()
+
+
+class _QueueListener:
+    """Django's ``listen_for_disconnect`` on daphne's queue, without a task (its creation,
+    first step and cancel cost ~7 µs a request): a waiter among the queue's getters, put
+    there as ``asyncio.Queue.get`` puts its own, so the next message (after the body:
+    the client left, or sent something unexpected) wakes it; then the watch is told.
+    ``done``/``cancelled``/``cancel`` answer as the listener task's would."""
+
+    __slots__ = ("queue", "watch", "waiter")
+
+    def __init__(self, queue: asyncio.Queue[Mapping[str, Any]], watch: _DisconnectWatch) -> None:
+        self.queue = queue
+        self.watch = watch
+        self.waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if queue.qsize():  # a message already waits: ``get`` would return it at once
+            self.waiter.set_result(None)
+        else:
+            queue._getters.append(self.waiter)  # type: ignore[attr-defined]
+        self.waiter.add_done_callback(self._woken)
+
+    def _woken(self, waiter: asyncio.Future[None]) -> None:
+        if waiter.cancelled():
+            return
+        with contextlib.suppress(asyncio.QueueEmpty):
+            self.queue.get_nowait()  # taken, as ``get`` would
+        self.watch.left()
+
+    def done(self) -> bool:
+        return self.waiter.done()
+
+    def cancelled(self) -> bool:
+        return self.waiter.cancelled()
+
+    def cancel(self) -> None:
+        if self.waiter.cancel():
+            with contextlib.suppress(ValueError):
+                self.queue._getters.remove(self.waiter)  # type: ignore[attr-defined]
 
 
 def close_response(response: HttpResponseBase) -> None:

@@ -31,7 +31,9 @@ HOP_BY_HOP = frozenset(
 
 CREDENTIALS = frozenset({"authorization", "x-api-key"})
 """The headers a client presents its API key in (``scheduler.keys.presented_key``)."""
-_HOP_BY_HOP_AND_CREDENTIALS = HOP_BY_HOP | CREDENTIALS
+_DROPPED = frozenset(name.encode("latin-1") for name in HOP_BY_HOP)
+_DROPPED_WITH_CREDENTIALS = _DROPPED | frozenset(name.encode("latin-1") for name in CREDENTIALS)
+"""The same names as bytes: a request's header names are compared without decoding them."""
 
 
 @functools.cache
@@ -53,13 +55,13 @@ def forward_headers(
     server's cookies (:func:`proxy_cookies`; other cookies pass). Without ``credentials``,
     also without ``Authorization`` and ``x-api-key``: the key this server checked is its
     own, not the model's."""
-    drop = HOP_BY_HOP if credentials else _HOP_BY_HOP_AND_CREDENTIALS
+    drop = _DROPPED if credentials else _DROPPED_WITH_CREDENTIALS
     forwarded = []
     for name, value in headers:
-        lowered = name.decode("latin-1").lower()
+        lowered = name.lower()
         if lowered in drop:
             continue
-        if lowered == "cookie":
+        if lowered == b"cookie":
             value = _without_proxy_cookies(value)
             if not value:
                 continue

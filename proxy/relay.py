@@ -22,6 +22,7 @@ import contextlib
 import functools
 import json
 import logging
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,6 +34,7 @@ from proxy import progress as progress_mod
 from proxy.collector import collector
 from proxy.headers import forward_headers, response_headers
 from proxy.turn import Turn
+from proxy.upstream import read_whole
 from proxy.usage import Tally
 from scheduler import runtime
 from scheduler.config import ModelConfig
@@ -202,7 +204,7 @@ async def relay_answer(
         return event_stream(stream_answer(turn, upstream, capture), upstream, request_id, lean=True)
 
     try:
-        content = b"".join([chunk async for chunk in upstream.aiter_raw()])
+        content = await read_whole(upstream)
     except httpx.ReadTimeout:
         message = await _went_silent(turn, "its answer")
         return error_response(504, message, code="upstream_timeout", request_id=request_id)
@@ -364,37 +366,76 @@ async def _await_headers(
 
 class _Watchdog:
     """While a request waits for its response headers: every ``timeouts.idle`` seconds,
-    ask the model's health check; if it fails, cancel the waiting task. A timer handle,
-    no task, until the first probe: nothing on the fast path but ``call_later``."""
+    ask the model's health check; if it fails, cancel the waiting task. An entry in the
+    loop's :class:`_Alarms`, no timer of its own and no task, until the first probe."""
 
-    __slots__ = ("turn", "task", "handle", "probe", "tripped")
+    __slots__ = ("turn", "task", "alarms", "probe", "tripped")
 
     def __init__(self, turn: Turn, task: asyncio.Task[Any]) -> None:
         self.turn = turn
         self.task = task
         self.tripped: str | None = None
         self.probe: asyncio.Task[None] | None = None
-        self.handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            turn.ticket.model.timeouts.idle, self._fire
-        )
+        self.alarms = _Alarms.of(asyncio.get_running_loop())
+        self.alarms.add(self, turn.ticket.model.timeouts.idle)
 
-    def _fire(self) -> None:
-        self.handle = None
+    def fire(self) -> None:
         self.probe = asyncio.get_running_loop().create_task(self._check())
 
     async def _check(self) -> None:
         model = self.turn.ticket.model
         if await probe_health(model):
-            self.handle = asyncio.get_running_loop().call_later(model.timeouts.idle, self._fire)
+            self.alarms.add(self, model.timeouts.idle)
             return
         self.tripped = f"model {model.id!r} sent nothing for {model.timeouts.idle:g}s and failed its health check"
         self.task.cancel()
 
     def close(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
+        self.alarms.due.pop(self, None)
         if self.probe is not None and not self.probe.done():
             self.probe.cancel()
+
+
+class _Alarms:
+    """The watchdogs of one loop under one timer: arming one is a dict entry, where a
+    timer's creation and cancel cost ~7 µs a request. The timer is set for the earliest
+    time it was asked for; when it rings, the watchdogs whose time has come fire, and it
+    is set again for the earliest left (a closed watchdog's entry is simply gone). Kept
+    per loop, which it does not hold (the loop's entry goes with the loop)."""
+
+    _loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Alarms] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self) -> None:
+        self.due: dict[_Watchdog, float] = {}
+        self.timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _Alarms:
+        alarms = cls._loops.get(loop)
+        if alarms is None:
+            alarms = cls._loops[loop] = cls()
+        return alarms
+
+    def add(self, dog: _Watchdog, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        at = self.due[dog] = loop.time() + delay
+        timer = self.timer
+        if timer is None or at < timer.when():
+            if timer is not None:
+                timer.cancel()
+            self.timer = loop.call_at(at, self._ring)
+
+    def _ring(self) -> None:
+        self.timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for dog in [dog for dog, at in self.due.items() if at <= now]:
+            del self.due[dog]
+            dog.fire()
+        if self.due:
+            self.timer = loop.call_at(min(self.due.values()), self._ring)
 
 
 async def probe_health(model: ModelConfig) -> bool:

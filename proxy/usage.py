@@ -28,9 +28,6 @@ from __future__ import annotations
 
 from typing import Any
 
-USAGE_PATHS = (("usage",), ("response", "usage"), ("message", "usage"))
-"""Where an answer (or a stream's event) may hold its usage object."""
-
 
 class Tally:
     """The token facts of one answer, gathered from its object or its stream's events."""
@@ -44,20 +41,27 @@ class Tally:
         self.found = False
 
     def add(self, data: Any) -> None:
-        """Read one answer object (or one event of a stream); arrays: the last element."""
+        """Read one answer object (or one event of a stream); arrays: the last element.
+        Its usage object may be at ``usage``, ``response.usage`` and ``message.usage``."""
         if isinstance(data, list):
             data = data[-1] if data else None
         if not isinstance(data, dict):
             return
-        for path in USAGE_PATHS:
-            value = _get(data, path)
-            if isinstance(value, dict) and _merge_usage(self.usage, value):
-                self.found = True
-        timings = data.get("timings")
+        get = data.get
+        usage = get("usage")
+        if isinstance(usage, dict) and _merge_usage(self.usage, usage):
+            self.found = True
+        for outer in ("response", "message"):
+            inner = get(outer)
+            if isinstance(inner, dict):
+                usage = inner.get("usage")
+                if isinstance(usage, dict) and _merge_usage(self.usage, usage):
+                    self.found = True
+        timings = get("timings")
         if isinstance(timings, dict):
             self.timings = timings
             self.found = True
-        metrics = data.get("metrics")
+        metrics = get("metrics")
         if isinstance(metrics, dict):
             self.metrics = metrics
             self.found = True
@@ -71,16 +75,9 @@ class Tally:
         return usage, timings
 
 
-def _get(data: dict[str, Any], path: tuple[str, ...]) -> Any:
-    value: Any = data
-    for key in path:
-        if not isinstance(value, dict):
-            return None
-        value = value.get(key)
-    return value
-
-
 def _count(value: Any) -> int | None:
+    if type(value) is int:  # the common case, one test
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return int(value)
