@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import contextlib
 import json
 import logging
@@ -86,9 +87,10 @@ def database_identity() -> str:
 def encode(seq: int, record: tuple[Any, ...]) -> bytes:
     """A record's line: the CRC-32 of its payload (8 hex digits), then the payload (the
     ``marshal`` of ``(seq, record)``: ~5x faster than JSON for a record's many floats) in
-    base64, so the line holds no newline and a torn or damaged one is recognised."""
+    base64, so the line holds no newline and a torn or damaged one is recognised.
+    (``b2a_base64`` ends it with the newline: one copy of the line fewer.)"""
     payload = marshal.dumps((seq, record))
-    return b"%08x%s\n" % (zlib.crc32(payload), base64.b64encode(payload))
+    return b"%08x" % zlib.crc32(payload) + binascii.b2a_base64(payload)
 
 
 def decode(line: bytes) -> tuple[int, tuple[Any, ...]] | None:

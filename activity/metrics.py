@@ -16,8 +16,9 @@ without locks. django-prometheus' own metrics (pages, database) share the regist
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -26,7 +27,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from scheduler.core.policy import Term
-from scheduler.core.priority import BANDS, band_of
+from scheduler.core.priority import BANDS, Band, band_of
 from scheduler.dispatcher import Outcome
 from scheduler.process import ModelState
 
@@ -164,37 +165,85 @@ QUEUE_COLLECTOR = QueueCollector()
 REGISTRY.register(QUEUE_COLLECTOR)
 
 
+def _adder(child: Any) -> Callable[[float], None]:
+    """``child.inc`` without what a counter child checks on every call (that it has its
+    labels, that the amount is not negative, an exemplar): the children here have their
+    labels and count by one. The public ``inc`` if this prometheus_client keeps its value
+    elsewhere."""
+    inc = getattr(getattr(child, "_value", None), "inc", None)
+    return cast(Callable[[float], None], inc if callable(inc) else child.inc)
+
+
+def _observer(child: Any) -> Callable[[float], None]:
+    """``child.observe`` of a histogram child, its bucket found by bisection instead of a
+    Python loop over the bounds: the same sum and buckets (a NaN in no bucket, as
+    ``Histogram.observe`` does). The public ``observe`` if this prometheus_client keeps
+    them elsewhere."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if (
+        not isinstance(bounds, list)
+        or not isinstance(buckets, list)
+        or len(bounds) != len(buckets)
+        or bounds != sorted(bounds)
+        or not callable(getattr(total, "inc", None))
+        or not all(callable(getattr(bucket, "inc", None)) for bucket in buckets)
+    ):
+        return cast(Callable[[float], None], child.observe)
+    add = cast(Any, total).inc
+    counts = [bucket.inc for bucket in buckets]
+
+    def observe(amount: float) -> None:
+        add(amount)
+        if amount == amount:  # not NaN
+            counts[bisect_left(bounds, amount)](1)
+
+    return observe
+
+
 class MetricsObserver:
     """A dispatcher observer that counts dispatches, reorders, swaps and durations.
 
-    Every call is a few dictionary lookups and counter increments on the dispatcher task.
+    Every call is a few dictionary lookups and counter increments on the dispatcher task:
+    the label children are looked up once, and what a request updates is kept per band
+    (and lane, outcome) as the children's own update functions (:func:`_adder`,
+    :func:`_observer`: ~1 µs a request less than ``inc``/``observe``).
     """
 
     def __init__(
         self, config: Config | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._clock = clock
-        self._dispatched = {band: DISPATCHED.labels(band.value) for band in BANDS}
-        self._waits = {band: QUEUE_WAIT.labels(band.value) for band in BANDS}
+        self._dispatched = {band: _adder(DISPATCHED.labels(band.value)) for band in BANDS}
+        self._waits = {band: _observer(QUEUE_WAIT.labels(band.value)) for band in BANDS}
         self._reorders = {
-            (band, term): REORDERS.labels(band.value, term.value)
+            band: {term: _adder(REORDERS.labels(band.value, term.value)) for term in TERMS}
             for band in BANDS
-            for term in TERMS
         }
         self._durations = {
-            (band, outcome): REQUEST_DURATION.labels(band.value, outcome)
+            band: {
+                outcome: _observer(REQUEST_DURATION.labels(band.value, outcome.value))
+                for outcome in Outcome
+            }
             for band in BANDS
-            for outcome in OUTCOMES
         }
         self._loading_since: dict[str, float] = {}
-        self._lane_dispatched: dict[tuple[str, object], Any] = {}
+        self._lane_dispatched: dict[str, dict[Band, Callable[[float], None]]] = {}
         if config is not None:
             for lane in config.lanes:
                 for band in BANDS:
-                    self._lane_dispatched[(lane, band)] = LANE_DISPATCHED.labels(lane, band.value)
+                    self._lane_counter(lane, band)
             for model in config.models:
                 MODEL_SWAPS.labels(model)
                 MODEL_LOAD_DURATION.labels(model)
+
+    def _lane_counter(self, lane: str, band: Band) -> Callable[[float], None]:
+        """The lane's dispatch counter of the band, its series made on first use (the
+        configured lanes' at the start)."""
+        inc = _adder(LANE_DISPATCHED.labels(lane, band.value))
+        self._lane_dispatched.setdefault(lane, {})[band] = inc
+        return inc
 
     def on_enqueue(self, ticket: Ticket) -> None:
         pass
@@ -204,25 +253,28 @@ class MetricsObserver:
         if decision is None:
             return
         band = decision.band
-        self._dispatched[band].inc()
-        lane = self._lane_dispatched.get((ticket.lane, band))
-        if lane is None:
-            lane = self._lane_dispatched[(ticket.lane, band)] = LANE_DISPATCHED.labels(ticket.lane, band.value)
-        lane.inc()
-        self._waits[band].observe(decision.queue_wait)
-        for term in decision.reordered_by:
-            self._reorders[(band, term)].inc()
+        self._dispatched[band](1)
+        lane = self._lane_dispatched.get(ticket.lane)
+        count = lane.get(band) if lane is not None else None
+        if count is None:
+            count = self._lane_counter(ticket.lane, band)
+        count(1)
+        self._waits[band](decision.queue_wait)
+        if decision.reordered_by:
+            reorders = self._reorders[band]
+            for term in decision.reordered_by:
+                reorders[term](1)
 
     def on_finish(self, ticket: Ticket) -> None:
-        if ticket.outcome is None or ticket.extra.get("preload"):
+        outcome = ticket.outcome
+        if outcome is None:
             return
-        if ticket.extra.get("recorded_elsewhere"):  # fleet: counted where its client is
-            return
+        extra = ticket.extra
+        if extra and (extra.get("preload") or extra.get("recorded_elsewhere")):
+            return  # a preload; or fleet: counted where its client is
         finished = ticket.finished_at if ticket.finished_at is not None else ticket.arrival
         band = ticket.decision.band if ticket.decision is not None else band_of(ticket.priority)
-        child = self._durations.get((band, ticket.outcome.value))
-        if child is not None:
-            child.observe(max(0.0, finished - ticket.arrival))
+        self._durations[band][outcome](max(0.0, finished - ticket.arrival))
 
     def on_model_state(self, model: str, state: ModelState) -> None:
         if state is ModelState.STARTING:

@@ -6,9 +6,10 @@ appends the finished ticket to a bounded deque (tickets are done changing by the
 decision was set at dispatch, usage and timings before the finish). A background task
 takes batches off the deque every ``interval`` seconds, or sooner once ``batch_size`` are
 waiting, and saves each batch in one transaction in Django's sync thread
-(:func:`activity.rows.write_records`); the conversion from tickets to rows happens in
-that thread too, so the event loop does nothing per record but the journal's line and
-the append. A committed batch marks the journal done up to it. When the server stops with records
+(:func:`activity.rows.write_records`); the rows are made in that thread too (of the
+snapshot the journal's line was made of, not a second one), so the event loop does
+nothing per record but the journal's line and the append. A committed batch marks the
+journal done up to it. When the server stops with records
 unsaved (the database away), the journal keeps them for the next start instead.
 
 When the database is unavailable the batch stays at the head of the deque and is retried
@@ -128,16 +129,21 @@ class Recorder:
         if len(buffer) >= self.capacity:
             self._drop(1, "the buffer is full (is the database unavailable?)")
             return
+        settings = self._settings
         finished = ticket.finished_at if ticket.finished_at is not None else self._clock()
+        item: Item = (ticket, settings, finished)
         seq = 0
         if self._journal is not None:
             # The record on disk (the page cache) before anything else: from here on a
             # killed server loses nothing (activity/journal.py). One line, one write.
             try:
-                seq = self._journal.append(snapshot(ticket, self._settings, finished))
+                snap = snapshot(ticket, settings, finished)
+                seq = self._journal.append(snap)
             except Exception:  # a record that cannot be built: the writer drops it
                 log.exception("activity log: cannot journal a record", extra={"action": "record_refused"})
-        buffer.append((ticket, self._settings, finished))
+            else:
+                item = (ticket, settings, finished, snap)  # the writer's row is made of it
+        buffer.append(item)
         self._seqs.append(seq)
         if len(buffer) == self.batch_size and self._wake is not None:
             self._wake.set()

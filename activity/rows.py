@@ -4,15 +4,19 @@
   writes on the event loop's thread); :func:`snapshot_fields` the row made of them, and
   :func:`record_fields` both at once, so a live write and a replayed one give the same row.
 * :func:`write_records` (the :class:`activity.recorder.Recorder`'s batches) and
-  :func:`write_rows` (``activity.journal``'s replay): one prepared multi-row INSERT in
-  short chunks, rows already saved skipped, rows the database refuses dropped one by one.
+  :func:`write_rows` (``activity.journal``'s replay): one prepared INSERT for a whole
+  batch, its rows built in short chunks straight into the database's values (no
+  ``datetime`` or dict per row: ~13 µs a row instead of ~30), rows already saved
+  skipped, rows the database refuses dropped one by one.
 * :func:`prune`: retention by age and by count.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import math
 import operator
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.utils import timezone
 
 from scheduler.core.policy import Policy, SchedulerSettings
@@ -32,8 +37,12 @@ SQLITE_BUSY_MS = 1_000
 """The writer's SQLite busy timeout: a locked database fails the batch fast (it is
 retried) instead of holding Django's sync thread for the default 5 s."""
 
-Item = tuple[Ticket, SchedulerSettings, float]
-"""A finished ticket, the settings it was scheduled under, and its finish time."""
+Item = (
+    tuple[Ticket, SchedulerSettings, float]
+    | tuple[Ticket, SchedulerSettings, float, tuple[Any, ...]]
+)
+"""A finished ticket, the settings it was scheduled under, its finish time and, when the
+journal took it already, its :func:`snapshot` (the writer makes the row of that one)."""
 
 
 # -- the database side (Django's sync thread) ------------------------------------------------
@@ -119,13 +128,75 @@ def snapshot(ticket: Ticket, settings: SchedulerSettings, finished: float) -> tu
     )
 
 
+FIELDS = (
+    "request_id",
+    "model",
+    "requested_model",
+    "peer",
+    "placement",
+    "path",
+    "priority",
+    "api_key",
+    "requested_priority",
+    "band",
+    "policy",
+    "lane",
+    "arrived_at",
+    "dispatched_at",
+    "ready_at",
+    "finished_at",
+    "outcome",
+    "status",
+    "error",
+    "duration_ms",
+    "load_ms",
+    "run_ms",
+    "queue_wait_ms",
+    "score",
+    "affinity",
+    "aging",
+    "reordered_by",
+    "runner_up_id",
+    "runner_up_score",
+    "needs_swap",
+    "fifo_priority",
+    "waiting_after",
+    "aging_divisor",
+    "swap_affinity_bonus",
+    "usage",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "timings",
+    "prompt_per_second",
+    "tokens_per_second",
+)
+"""The :class:`~activity.models.RequestRecord` fields a snapshot gives, in the order of
+:func:`_values` (``node`` is not among them: the server's, its column's default)."""
+TIMES = frozenset(("arrived_at", "dispatched_at", "ready_at", "finished_at"))
+"""Fields :func:`_values` gives as wall-clock seconds since the epoch (None: never)."""
+
+
 def record_fields(ticket: Ticket, settings: SchedulerSettings, finished: float) -> dict[str, Any]:
     """The :class:`~activity.models.RequestRecord` fields for one finished ticket."""
     return snapshot_fields(snapshot(ticket, settings, finished))
 
 
 def snapshot_fields(snap: tuple[Any, ...]) -> dict[str, Any]:
-    """The :class:`~activity.models.RequestRecord` fields of a :func:`snapshot`."""
+    """The :class:`~activity.models.RequestRecord` fields of a :func:`snapshot` (every
+    field but ``node``; what the row holds where the record knows nothing)."""
+    fields = dict(zip(FIELDS, _values(snap), strict=True))
+    for name in TIMES:
+        at = fields[name]
+        fields[name] = None if at is None else datetime.fromtimestamp(at, tz=UTC)
+    return fields
+
+
+def _values(snap: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The record of a :func:`snapshot`: the values of :data:`FIELDS` in order, times as
+    wall-clock seconds (the writer turns them into the database's values without a
+    ``datetime`` each, see :class:`_Columns`). A tuple, not a dict: this runs for every
+    request in the writer's thread, which holds the GIL while it does."""
     if snap[0] == 1:  # journaled before placement was recorded
         snap = (*snap, "")
     elif snap[0] != SNAPSHOT_VERSION:
@@ -158,39 +229,16 @@ def snapshot_fields(snap: tuple[Any, ...]) -> dict[str, Any]:
         timings,
         placement,
     ) = snap
-
-    def wall(at: float | None) -> datetime | None:
-        if at is None:
-            return None
-        return datetime.fromtimestamp(arrival_wall + (at - arrival), tz=UTC)
-
-    fields: dict[str, Any] = {
-        "request_id": request_id[:64],
-        "model": model[:255],
-        "requested_model": requested_model[:255],
-        "peer": peer[:255],
-        "placement": placement[:500],
-        "path": path[:255],
-        "priority": _int64(priority),
-        "api_key": api_key[:64],
-        "requested_priority": _int64(requested_priority),
-        "band": d[0] if d else _band(priority),
-        "policy": "peer" if peer else d[1] if d else use,
-        "lane": lane[:64],
-        "arrived_at": wall(arrival),
-        "dispatched_at": wall(dispatched_at),
-        "ready_at": wall(ready_at),
-        "finished_at": wall(finished),
-        "outcome": outcome,
-        "status": status,
-        "error": (error or "")[:2000],
-        "duration_ms": max(0.0, finished - arrival) * 1000.0,
-        "load_ms": _ms(load_seconds),
-        "run_ms": _ms(finished - ready_at) if ready_at is not None else None,
-    }
-    if d is not None:
+    if d is None:
+        band = _band(priority)
+        policy = "peer" if peer else use
+        # Its columns' defaults: queue_wait_ms, score, affinity, aging, reordered_by,
+        # runner_up_id, runner_up_score, needs_swap, fifo_priority, waiting_after,
+        # aging_divisor, swap_affinity_bonus.
+        decision: tuple[Any, ...] = (None, None, None, None, [], "", *(None,) * 6)
+    else:
         (
-            _,
+            band,
             policy,
             queue_wait,
             score,
@@ -203,41 +251,73 @@ def snapshot_fields(snap: tuple[Any, ...]) -> dict[str, Any]:
             fifo_priority,
             waiting_after,
         ) = d
-        fields.update(
-            queue_wait_ms=queue_wait * 1000.0,
-            score=score,
-            affinity=affinity,
-            aging=aging,
-            reordered_by=list(reordered_by),
-            runner_up_id=(runner_up_id or "")[:64],
-            runner_up_score=runner_up_score,
-            needs_swap=needs_swap,
-            fifo_priority=_int64(fifo_priority),
-            waiting_after=waiting_after,
+        serial = policy == Policy.SERIAL.value
+        if peer:
+            policy = "peer"
+        decision = (
+            queue_wait * 1000.0,
+            score,
+            affinity,
+            aging,
+            list(reordered_by),
+            (runner_up_id or "")[:64],
+            runner_up_score,
+            needs_swap,
+            _int64(fifo_priority),
+            waiting_after,
+            float(aging_divisor) if serial else None,
+            swap_affinity_bonus if serial else None,
         )
-        if policy == Policy.SERIAL.value:
-            fields.update(
-                aging_divisor=float(aging_divisor),
-                swap_affinity_bonus=swap_affinity_bonus,
-            )
+    prompt_tokens = completion_tokens = cached_tokens = None
+    prompt_rate = token_rate = None
     if usage is not None:
-        fields["usage"] = usage
-        fields["prompt_tokens"] = _int(usage.get("prompt_tokens"))
-        fields["completion_tokens"] = _int(usage.get("completion_tokens"))
+        prompt_tokens = _int(usage.get("prompt_tokens"))
+        completion_tokens = _int(usage.get("completion_tokens"))
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
-            fields["cached_tokens"] = _int(details.get("cached_tokens"))
+            cached_tokens = _int(details.get("cached_tokens"))
     if timings is not None:
-        fields["timings"] = timings
-        fields["prompt_per_second"] = _number(timings.get("prompt_per_second"))
-        fields["tokens_per_second"] = _number(timings.get("predicted_per_second"))
-        if fields.get("prompt_tokens") is None:
-            fields["prompt_tokens"] = _int(timings.get("prompt_n"))
-        if fields.get("completion_tokens") is None:
-            fields["completion_tokens"] = _int(timings.get("predicted_n"))
-        if fields.get("cached_tokens") is None:
-            fields["cached_tokens"] = _int(timings.get("cache_n"))
-    return fields
+        prompt_rate = _number(timings.get("prompt_per_second"))
+        token_rate = _number(timings.get("predicted_per_second"))
+        if prompt_tokens is None:
+            prompt_tokens = _int(timings.get("prompt_n"))
+        if completion_tokens is None:
+            completion_tokens = _int(timings.get("predicted_n"))
+        if cached_tokens is None:
+            cached_tokens = _int(timings.get("cache_n"))
+    return (
+        request_id[:64],
+        model[:255],
+        requested_model[:255],
+        peer[:255],
+        placement[:500],
+        path[:255],
+        _int64(priority),
+        api_key[:64],
+        _int64(requested_priority),
+        band,
+        policy,
+        lane[:64],
+        # Wall-clock times as the record always made them (monotonic -> wall).
+        arrival_wall + (arrival - arrival),
+        None if dispatched_at is None else arrival_wall + (dispatched_at - arrival),
+        None if ready_at is None else arrival_wall + (ready_at - arrival),
+        arrival_wall + (finished - arrival),
+        outcome,
+        status,
+        (error or "")[:2000],
+        max(0.0, finished - arrival) * 1000.0,
+        _ms(load_seconds),
+        _ms(finished - ready_at) if ready_at is not None else None,
+        *decision,
+        usage,
+        prompt_tokens,
+        completion_tokens,
+        cached_tokens,
+        timings,
+        prompt_rate,
+        token_rate,
+    )
 
 
 def _band(priority: int) -> str:
@@ -263,28 +343,94 @@ def _transient(exc: DatabaseError) -> bool:
     return not ("no such table" in text or "no such column" in text or "has no column" in text)
 
 
-WRITE_CHUNK = 4
-"""Rows converted or inserted between two pauses of the writer thread (~0.1 ms of work)."""
+WRITE_CHUNK = 8
+"""Rows built between two pauses of the writer thread (~0.1 ms of work)."""
 WRITE_PAUSE = 0.0001
 """The writer thread's pause between chunks. Building rows is Python code that holds the
 GIL: without pauses the event loop's thread would wait up to the interpreter's switch
 interval (5 ms) for it at every loop iteration during a flush, and that shows in the
 dispatch gap (bench/bench_dispatch_gap.py). A real sleep (not ``sleep(0)``, which the
 writer would win back at once) hands the GIL over; the loop then waits at most one
-chunk's worth. The writer still saves several thousand rows a second."""
+chunk's worth. The INSERT needs no pauses: ``sqlite3`` lets go of the GIL while SQLite
+stores each row, and holds it only to bind the row's values. The writer still saves
+several thousand rows a second."""
+
+
+def _utc_text(at: float) -> str:
+    """``str(datetime.fromtimestamp(at, UTC).replace(tzinfo=None))`` (what Django's SQLite
+    backend stores for a UTC datetime) at a fifth of its cost: the microseconds rounded as
+    ``fromtimestamp`` rounds them (``modf``, then half to even), the rest of the text
+    made once a second."""
+    fraction, whole = math.modf(at)
+    micro = round(fraction * 1e6)
+    if micro >= 1_000_000:
+        micro -= 1_000_000
+        whole += 1.0
+    elif micro < 0:
+        micro += 1_000_000
+        whole -= 1.0
+    second = int(whole)
+    text = _SECONDS.get(second)
+    if text is None:
+        if len(_SECONDS) >= 4096:
+            _SECONDS.clear()
+        text = _SECONDS[second] = str(datetime.fromtimestamp(second, UTC).replace(tzinfo=None))
+    return f"{text}.{micro:06d}" if micro else text
+
+
+_SECONDS: dict[int, str] = {}
+
+
+def _json_text() -> Callable[[Any], str]:
+    """``json.dumps`` without building its C encoder anew on every call (~1.5 µs of a
+    record's three JSON values): the same text. No check for circular references: the
+    values are parsed JSON or lists of strings."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return json.dumps
+    encode = make(
+        None,
+        json.JSONEncoder().default,
+        json.encoder.encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        False,
+        False,
+        True,
+    )
+
+    def dumps(value: Any) -> str:
+        return "".join(encode(value, 0))
+
+    return dumps
+
+
+_dumps = _json_text()
 
 
 class _Columns:
-    """The INSERT's columns, prepared once a batch: each one's default, a getter of all
-    their values in order (``operator.itemgetter``: one C call instead of a Python loop
-    over ~40 columns), and the adapters of the few that need one (datetimes, JSON), by
-    position."""
+    """The INSERT's columns, prepared once a batch: a getter of their values in order
+    from a record's :func:`_values` followed by :attr:`extras` (the defaults of the
+    columns a record does not give, ``node``), as one C call (``operator.itemgetter``)
+    instead of a Python loop over ~40 columns, and the adapters of the few that need one
+    (times, JSON), by position."""
 
-    __slots__ = ("defaults", "values", "adapters")
+    __slots__ = ("extras", "values", "adapters")
 
     def __init__(self, columns: list[tuple[str, Callable[[Any], Any] | None, Any]]) -> None:
-        self.defaults = {name: default for name, _, default in columns}
-        self.values = operator.itemgetter(*(name for name, _, _ in columns))
+        given = {name: index for index, name in enumerate(FIELDS)}
+        extras = [default for name, _, default in columns if name not in given]
+        self.extras = tuple(extras)
+        positions = []
+        extra = len(FIELDS)  # the extras follow the record's values
+        for name, _, _ in columns:
+            if name in given:
+                positions.append(given[name])
+            else:
+                positions.append(extra)
+                extra += 1
+        self.values = operator.itemgetter(*positions)
         self.adapters = [
             (index, adapter) for index, (_, adapter, _) in enumerate(columns) if adapter is not None
         ]
@@ -292,7 +438,8 @@ class _Columns:
 
 def _statement() -> tuple[str, _Columns]:
     """``INSERT ... ON CONFLICT (request_id) DO NOTHING`` for the current connection, and
-    its columns (field name, adapter to a driver value or None, default)."""
+    its columns (field name, adapter of a non-null value to a driver value or None,
+    default)."""
     from activity.models import RequestRecord
 
     ops = connection.ops
@@ -300,20 +447,23 @@ def _statement() -> tuple[str, _Columns]:
     fields = [f for f in RequestRecord._meta.concrete_fields if not f.primary_key]
     columns: list[tuple[str, Callable[[Any], Any] | None, Any]] = []
     for field in fields:
-        kind = field.get_internal_type()
         adapter: Callable[[Any], Any] | None = None
-        if kind == "DateTimeField":
-            adapter = ops.adapt_datetimefield_value
+        if field.name in TIMES:  # wall-clock seconds (see _values)
             if connection.vendor == "sqlite" and connection.timezone_name == "UTC":
-                # What Django's adapter makes of our UTC datetimes, without its zoneinfo
-                # round trip (4 us a value): the naive UTC time as text.
-                def adapter(value: Any) -> Any:
-                    return None if value is None else str(value.replace(tzinfo=None))
-        elif kind == "JSONField":
-            encoder = getattr(field, "encoder", None)
+                adapter = _utc_text  # Django's text for it, without a datetime
+            else:
 
-            def adapter(value: Any, encoder: Any = encoder) -> Any:
-                return None if value is None else ops.adapt_json_value(value, encoder)
+                def adapter(at: float) -> Any:
+                    return ops.adapt_datetimefield_value(datetime.fromtimestamp(at, tz=UTC))
+        elif field.get_internal_type() == "JSONField":
+            encoder = getattr(field, "encoder", None)
+            django_json = type(ops).adapt_json_value is BaseDatabaseOperations.adapt_json_value
+            if encoder is None and django_json:
+                adapter = _dumps  # what Django's adapter gives: json.dumps(value)
+            else:
+
+                def adapter(value: Any, encoder: Any = encoder) -> Any:
+                    return ops.adapt_json_value(value, encoder)
 
         default = field.get_default() if field.has_default() else None
         columns.append((field.name, adapter, default))
@@ -327,11 +477,13 @@ def _statement() -> tuple[str, _Columns]:
     return sql, _Columns(columns)
 
 
-def _params(fields: dict[str, Any], columns: _Columns) -> tuple[Any, ...]:
-    """The row's values in column order: a field's value, else the column's default."""
-    row = list(columns.values({**columns.defaults, **fields}))
+def _params(values: tuple[Any, ...], columns: _Columns) -> tuple[Any, ...]:
+    """A record's :func:`_values` as the INSERT's parameters, in column order."""
+    row = list(columns.values(values + columns.extras))
     for index, adapter in columns.adapters:
-        row[index] = adapter(row[index])
+        value = row[index]
+        if value is not None:
+            row[index] = adapter(value)
     return tuple(row)
 
 
@@ -340,15 +492,17 @@ def write_records(items: Sequence[Item], pause: float = WRITE_PAUSE) -> int:
 
     Raises on a transient database error (the caller retries the whole batch). Rows
     already saved by an earlier, interrupted attempt are skipped (``request_id`` is
-    unique), so a retry never duplicates. One multi-row INSERT statement prepared once
-    (not ``bulk_create``, which spends ~70 µs of Python per row compiling SQL), run in
-    chunks with short pauses so the event loop's thread gets the GIL (see WRITE_PAUSE).
+    unique), so a retry never duplicates. One INSERT statement prepared once (not
+    ``bulk_create``, which spends ~70 µs of Python per row compiling SQL), its rows built
+    in chunks with short pauses so the event loop's thread gets the GIL (see WRITE_PAUSE).
     """
-    return _save(items, _item_fields, pause)
+    return _save(items, _item_values, pause)
 
 
-def _item_fields(item: Item) -> dict[str, Any]:
-    return record_fields(*item)
+def _item_values(item: Item) -> tuple[Any, ...]:
+    if len(item) == 4:
+        return _values(item[3])
+    return _values(snapshot(item[0], item[1], item[2]))
 
 
 def write_rows(rows: Sequence[tuple[Any, ...]], pause: float = WRITE_PAUSE) -> int:
@@ -359,7 +513,7 @@ def write_rows(rows: Sequence[tuple[Any, ...]], pause: float = WRITE_PAUSE) -> i
     Unlike the live writer it raises, rather than drops the rows, when the table or a
     column is missing: the journal is then kept for a start after ``llamaswap migrate``.
     """
-    return _save(rows, snapshot_fields, pause, keep_on_schema_error=True)
+    return _save(rows, _values, pause, keep_on_schema_error=True)
 
 
 def _schema_error(exc: DatabaseError) -> bool:
@@ -373,7 +527,7 @@ def _schema_error(exc: DatabaseError) -> bool:
 
 def _save(
     items: Sequence[Any],
-    build: Callable[[Any], dict[str, Any]],
+    build: Callable[[Any], tuple[Any, ...]],
     pause: float,
     keep_on_schema_error: bool = False,
 ) -> int:
@@ -398,10 +552,7 @@ def _save(
         return dropped
     try:
         with transaction.atomic(), connection.cursor() as cursor:
-            for start in range(0, len(params), WRITE_CHUNK):
-                cursor.executemany(sql, params[start : start + WRITE_CHUNK])
-                if pause:
-                    time.sleep(pause)
+            cursor.executemany(sql, params)  # the GIL let go at each row (WRITE_PAUSE)
         return dropped
     except DatabaseError as exc:
         with contextlib.suppress(Exception):
