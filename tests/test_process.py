@@ -385,10 +385,14 @@ async def test_stop_kills_a_wrapped_server_and_a_grandchild_that_left_the_group(
         kill_quietly(grandchild, escaped)
 
 
-async def test_spawns_are_marked_and_recorded_until_their_group_is_gone(spawn, state_dir):
+async def test_spawns_are_marked_and_recorded_until_their_group_is_gone(spawn, state_dir, logs):
     process = spawn(config([PY, "-c", SLEEPER]))
+    subscription = logs.subscribe("m")
     async with asyncio.timeout(5):
         await process.start()
+        # Once the program has printed, setpriv has exec'd it: during that exec the
+        # kernel shows an empty /proc/<pid>/environ for a moment.
+        await next_line(subscription, b"ready")
         env = environ(process.pid)
         assert env[OWNER_ENV] == owner_id()
         assert env[SPAWN_ENV].startswith(owner_id() + ":")
