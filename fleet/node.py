@@ -357,7 +357,7 @@ class Fleet:
                 backoff = min(backoff * 2, MAX_BACKOFF)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed in newer redis
                 with contextlib.suppress(Exception):
                     await client.aclose()
 
