@@ -139,7 +139,7 @@ def hop(request: HttpRequest, target: Route, extra: dict[str, Any]) -> Hop | Non
         "placed on another node",
         extra={"model": model.id, "node": placement.node, "reason": placement.reason},
     )
-    route = Route(target.requested, target.name, peer=PeerModel(peer, target.name))
+    route = Route(target.requested, target.name, model=model, peer=PeerModel(peer, target.name))
     return Hop(route=route, model=model, placement=placement)
 
 
@@ -186,8 +186,8 @@ async def sent(
     forwarding: Awaitable[HttpResponseBase],
     extra: dict[str, Any] | None = None,
 ) -> HttpResponseBase | None:
-    """Await ``proxy.peers.forward``: the record names the local model (not
-    ``node/model``), the client sees where its request went and why. None when the node
+    """Await ``proxy.peers.forward`` (its ticket names the local model, not ``node/model``:
+    the hop's route carries it), the client sees where its request went and why. None when the node
     went away before any byte of its answer (:data:`NO_ANSWER`): the hop's record is
     dropped, the node left out of placement until it publishes again, and the request is
     placed again (:func:`run`)."""
@@ -196,7 +196,6 @@ async def sent(
     ticket = getattr(turn, "ticket", None)
     if ticket is None:
         return response
-    ticket.model = hop.model
     cause = _no_answer(response, hop.placement.node)
     if cause is not None:
         fleet = current()

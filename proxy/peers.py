@@ -111,6 +111,8 @@ async def forward(
         api_key=key_name,
         requested_priority=requested,
     )
+    if target.model is not None:  # placed by this node's fleet: recorded as the local model
+        turn.ticket.model = target.model
     turn.ticket.extra.update(extra, peer=peer.id)
     request.turn = turn  # type: ignore[attr-defined]  # the handler closes it, whatever happens
     cancel.track(turn.ticket)  # POST /api/inflight/{id}/cancel, as for a local request

@@ -84,7 +84,9 @@ class Route:
     ``useModelName`` or the peer's own name replaces it) and the key of
     ``setParamsByID``."""
     model: ModelConfig | None = None
-    """The local model that runs it, or None for a peer."""
+    """The local model that runs it, or None for a peer. With ``peer`` set too: a request
+    this node's fleet placed on another node (fleet/placing.py), whose ticket and record
+    name this local model from the start (a finished ticket's record is made at once)."""
     peer: PeerModel | None = None
     selector: str = ""
     """The selector that picked ``name``, if any."""

@@ -303,6 +303,7 @@ async def test_a_request_is_placed_once_and_a_forged_header_only_keeps_it_here(p
     placed = hop(request, target, extra)
     assert placed is not None and placed.placement.node == "box-b"
     assert placed.route.peer.peer.proxy == "http://box-b:8080"
+    assert placed.route.model is qwen  # its ticket and record name the local model
     assert (b"x-llamaswap-placed", f"box-a {a.token}".encode()) in request.scope["headers"]
     assert extra["placement"].startswith("sent to box-b")
     # On the receiving side: a valid token leaves the record to the sender ...

@@ -433,3 +433,61 @@ async def test_a_peer_turn_dropped_unclosed_is_still_ended_once():
     assert unqueued.load("remote/m") == 0 and ticket.error == "turn abandoned by its request"
     unqueued.finish(ticket, Outcome.COMPLETED, 200)  # a late close changes nothing
     assert len(seen.ends) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_request_the_fleet_placed_on_another_node_is_recorded_as_the_local_model(
+    fakellm, monkeypatch
+):
+    """fleet/placing.py sends a local model's request to another node through the peer
+    path. Its record is made the moment its ticket finishes (a JSON answer read whole
+    finishes it before the view has returned): it names the local model, not
+    ``node/model``, and says where the request went."""
+    from fleet import placing
+    from scheduler.config.peers import Peer, PeerModel
+    from scheduler.core.placement import Placement
+    from scheduler.names import Route
+
+    node = await fakellm()
+    async with in_process(config(node.url)) as world:
+        local = world.dispatcher.config.models["local"]
+        box_b = Peer(id="box-b", proxy=node.url, models=("local",))
+        route = Route("local", "local", model=local, peer=PeerModel(box_b, "local"))
+        placement = Placement("box-b", "sent to box-b: model loaded there", forward=True)
+        hops = [placing.Hop(route=route, model=local, placement=placement)]
+
+        def hop(request, target, extra):
+            if not hops:
+                return None
+            extra["placement"] = placement.reason
+            return hops.pop()
+
+        monkeypatch.setattr(placing, "hop", hop)
+        finished: list[str] = []  # the model each ticket names when it finishes
+        world.dispatcher.observers.append(
+            types.SimpleNamespace(
+                on_finish=lambda ticket: finished.append(ticket.model.id),
+                **{
+                    name: lambda *a: None
+                    for name in ("on_enqueue", "on_dispatch", "on_model_state", "on_settings")
+                },
+            )
+        )
+        recorder = Recorder()
+        world.dispatcher.observers.append(recorder)
+        await recorder.start()
+        try:
+            call = await post(world, "local")
+            assert call.status == 200
+            await record_of(world, call)
+            await recorder.flush()
+        finally:
+            await recorder.stop()
+    assert finished == ["local"]
+    assert received(node.url)[-1]["body"]["model"] == "local"
+    row = await RequestRecord.objects.aget(request_id=call.request_id)
+    assert (row.model, row.peer, row.placement) == (
+        "local",
+        "box-b",
+        "sent to box-b: model loaded there",
+    )
