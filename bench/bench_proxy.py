@@ -46,6 +46,7 @@ from pathlib import Path
 import yaml
 
 from bench import machine, markdown_table, quantile_us
+from scheduler.sweep import SPAWN_ENV
 from scheduler.testing import descendants, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,6 +143,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _spawned_model(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"\0{SPAWN_ENV}=".encode() in b"\0" + f.read()
+    except OSError:  # gone
+        return False
+
+
 class Server:
     """``manage.py serve`` as a subprocess with one fake model ``m``."""
 
@@ -199,9 +208,11 @@ class Server:
         self.children: set[int] = set()
 
     def model_pid(self) -> int:
-        """The model process (the server's only child once the model is loaded)."""
+        """The model process: the server's only descendant marked as a model's spawn
+        (``LLAMASWAP_SPAWN`` in its environment; the server's guard, scheduler/guard.py,
+        is not) once the model is loaded."""
         self.children |= descendants(self.pid)
-        live = [pid for pid in descendants(self.pid) if Path(f"/proc/{pid}").exists()]
+        live = [pid for pid in descendants(self.pid) if _spawned_model(pid)]
         if len(live) != 1:
             raise RuntimeError(f"expected one model process, found {live}")
         return live[0]
