@@ -254,10 +254,10 @@ def event_stream(
     return response
 
 
-HAND_OVER_STEPS = 3
+HAND_OVER_STEPS = 2
 """Loop turns from a turn's end to the next request's first byte to its model: the
-dispatcher's step (pick, grant), the wake-up of the granted view through ``Ticket.wait``'s
-shield, and that view's step up to the write."""
+dispatcher's step (pick, grant: ``Ticket.pass_on`` settles the granted view's wait at
+once), then that view's step up to the write (tests/test_relay_costs.py)."""
 
 
 async def hand_over(turn: Turn) -> None:

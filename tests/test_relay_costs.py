@@ -53,3 +53,41 @@ async def test_the_answer_waits_for_the_next_grant_only_when_a_request_waits():
     loop.call_soon(ran.append, "the dispatcher's step")
     await hand_over(SimpleNamespace(dispatcher=SimpleNamespace(queue=["waiting"])))
     assert ran == ["the dispatcher's step"]
+
+
+async def test_with_a_request_waiting_its_request_reaches_the_model_before_this_answer_goes(
+    dispatchers,
+):
+    """The real dispatcher (serial, one model): a finished request's ``hand_over`` lasts
+    until the next request's view has resumed and written to its model, and no longer
+    than one loop turn beyond it (so the answer is not held back without cause)."""
+    from scheduler.dispatcher import Outcome
+    from scheduler.testing import FakeProcessFactory
+    from tests.helpers import make_config
+
+    d = await dispatchers(make_config("m"), process_factory=FakeProcessFactory())
+    model = d.config.models["m"]
+    first = d.submit(model, 0, "first", "/v1/chat/completions")
+    await first.wait()
+    second = d.submit(model, 0, "second", "/v1/chat/completions")
+    order: list[str] = []
+
+    async def view() -> None:
+        await second.wait()
+        order.append("second request written to the model")  # the view's step: its write
+        await asyncio.sleep(0)
+        order.append("one loop turn later")
+
+    waiting = asyncio.create_task(view())
+    for _ in range(5):  # the second is in the queue, its view waiting
+        await asyncio.sleep(0)
+    assert d.queue and not waiting.done()
+    d.finish(first, Outcome.COMPLETED, 200)
+    await hand_over(SimpleNamespace(dispatcher=d))
+    order.append("first answer sent")
+    await waiting
+    assert order == [
+        "second request written to the model",
+        "first answer sent",
+        "one loop turn later",
+    ]
