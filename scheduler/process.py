@@ -81,6 +81,11 @@ at :data:`HEALTH_FIRST_DELAY` and grow by :data:`HEALTH_BACKOFF` up to
 :data:`HEALTH_POLL_INTERVAL` (:func:`health_delays`): a server healthy after 0.1 s is found
 within ~20 ms of it, a slow one every 0.1 s once the waits have grown (27 checks in its
 first second)."""
+HEALTH_OUTPUT_SPACING = 0.005
+"""A starting server's output prompts a health check at once, at most one every this many
+seconds (a server that writes without pause is checked 200 times a second at the most):
+llama-server writes ``model loaded`` the moment its ``/health`` turns 200, fakellm too, so
+the check finds it within a few ms however far the backoff has grown."""
 HEALTH_REQUEST_TIMEOUT = 5.0
 
 
@@ -305,17 +310,32 @@ class ModelProcess(Lifecycle):
 
     async def _poll_health(self, url: str) -> None:
         """Return once ``url`` answers 200; connection errors and other statuses are retried
-        on the :func:`health_delays` schedule. Plain HTTP is checked with a bare GET (see
+        on the :func:`health_delays` schedule, and sooner when the server writes output
+        (:data:`HEALTH_OUTPUT_SPACING`). Plain HTTP is checked with a bare GET (see
         :func:`_http_ok`); HTTPS, or an injected ``http_client``, through httpx."""
         client = self._http_client
         owned = client is None and not url.startswith("http://")
         if owned:
             client = httpx.AsyncClient(trust_env=False)
+        child = self._child
+        spoke = child.protocol.spoke if child is not None else None
+        loop = asyncio.get_running_loop()
         try:
             for delay in health_delays():
+                if spoke is not None:
+                    spoke.clear()  # output from here on, the check's own time included
                 if await self._health_once(client, url):
                     return
-                await asyncio.sleep(delay)
+                if spoke is None:
+                    await asyncio.sleep(delay)
+                    continue
+                checked = loop.time()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await spoke.wait()
+                        rest = HEALTH_OUTPUT_SPACING - (loop.time() - checked)
+                        if rest > 0:
+                            await asyncio.sleep(rest)
         finally:
             if owned and client is not None:
                 await client.aclose()

@@ -260,12 +260,16 @@ class _ChildProtocol(asyncio.SubprocessProtocol):
         self.transport: asyncio.SubprocessTransport | None = None
         self.exited: asyncio.Future[int] = loop.create_future()
         self.output_closed: asyncio.Future[None] = loop.create_future()
+        self.spoke = asyncio.Event()
+        """Set by every piece of output (cleared by whoever waits for the next one): a
+        starting server's health check looks at once (:mod:`scheduler.process`)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.SubprocessTransport)
         self.transport = transport
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
+        self.spoke.set()
         *lines, pending = (self._pending + data).split(b"\n")
         for line in lines:
             self._logs.write(self._model, line + b"\n")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import shlex
@@ -196,6 +197,48 @@ async def test_start_waits_for_health_then_ready_and_stop(spawn):
     assert process.exited.is_set()
     assert process.returncode == 0  # fakellm exits cleanly on SIGTERM
     assert not alive(process.pid)
+
+
+async def test_a_starting_servers_output_prompts_its_health_check(spawn, monkeypatch):
+    """However far the checks' backoff has grown, the line a server writes as it turns
+    healthy (fakellm's ``model loaded``, as llama-server's) is followed by a check at once:
+    here the schedule alone would wait a minute after the first, refused check."""
+    from scheduler import process as process_module
+
+    monkeypatch.setattr(process_module, "health_delays", lambda: itertools.repeat(60.0))
+    process = spawn(fakellm_config("--load-seconds", "0.3"))
+    async with asyncio.timeout(5):
+        await process.start()
+    assert process.state is ModelState.READY
+
+
+CHATTY = "import time\nwhile True:\n    print('.', flush=True)\n    time.sleep(0.0005)"
+
+
+async def test_a_server_that_writes_without_pause_is_checked_at_most_every_5_ms(spawn, monkeypatch):
+    from scheduler import process as process_module
+
+    checks = []
+
+    async def health_once(self, client, url):
+        checks.append(url)
+        return False
+
+    monkeypatch.setattr(process_module, "health_delays", lambda: itertools.repeat(60.0))
+    monkeypatch.setattr(ModelProcess, "_health_once", health_once)
+    port = pick_free_port()
+    process = spawn(
+        config(
+            [PY, "-c", CHATTY],
+            proxy=f"http://127.0.0.1:{port}",
+            check_endpoint="/health",
+            health_check_timeout=0.5,
+        )
+    )
+    async with asyncio.timeout(5):
+        with pytest.raises(ModelStartError, match="timed out"):
+            await process.start()
+    assert 2 <= len(checks) <= 0.5 / process_module.HEALTH_OUTPUT_SPACING + 2
 
 
 async def test_health_timeout_raises_and_leaves_no_process(spawn):
