@@ -43,6 +43,7 @@ import subprocess
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +201,22 @@ def load() -> str:
     return Path("/proc/loadavg").read_text().split()[0]
 
 
+def _verdict(ours: Mapping[str, list[int]], theirs: Mapping[str, list[int]] | None) -> list[str]:
+    """Issue 23's target for a swap table: the proxy's share at most half of llama-swap's,
+    p50 and p99."""
+    if not theirs:
+        return ["", f"llama-swap not measured: no executable at `{LLAMA_SWAP}`."]
+    share = "the proxy's share"
+    r50 = ms(ours[share], 0.5) / ms(theirs[share], 0.5)
+    r99 = ms(ours[share], 0.99) / ms(theirs[share], 0.99)
+    met = r50 <= 0.5 and r99 <= 0.5
+    return [
+        "",
+        f"Target (the proxy's share at most half of llama-swap's, p50 and p99): "
+        f"{r50:.2f}× / {r99:.2f}× — {'met' if met else 'not met'}.",
+    ]
+
+
 def main() -> str:
     pin = pinning()
     have_ls = LLAMA_SWAP.is_file() and os.access(LLAMA_SWAP, os.X_OK)
@@ -277,19 +294,7 @@ def report(
         "median is used) + first instruction → listening; the proxy's share = whole swap − "
         "that.",
     ]
-    if theirs:
-        share = "the proxy's share"
-        r50 = ms(ours[share], 0.5) / ms(theirs[share], 0.5)
-        r99 = ms(ours[share], 0.99) / ms(theirs[share], 0.99)
-        met = r50 <= 0.5 and r99 <= 0.5
-        lines += [
-            "",
-            f"Target (the proxy's share at most half of llama-swap's, p50 and p99): "
-            f"{r50:.2f}× / {r99:.2f}× — {'met' if met else 'not met'}.",
-        ]
-    else:
-        lines += ["", f"llama-swap not measured: no executable at `{LLAMA_SWAP}`."]
-    return "\n".join(lines)
+    return "\n".join(lines + _verdict(ours, theirs))
 
 
 # -- with llama.cpp's own llama-server ---------------------------------------------------------
@@ -558,19 +563,7 @@ def report_llama(
         "in both proxies' share). The product's log rows: from its own log lines "
         "(millisecond clock).",
     ]
-    if theirs:
-        share = "the proxy's share"
-        r50 = ms(ours[share], 0.5) / ms(theirs[share], 0.5)
-        r99 = ms(ours[share], 0.99) / ms(theirs[share], 0.99)
-        met = r50 <= 0.5 and r99 <= 0.5
-        lines += [
-            "",
-            f"Target (the proxy's share at most half of llama-swap's, p50 and p99): "
-            f"{r50:.2f}× / {r99:.2f}× — {'met' if met else 'not met'}.",
-        ]
-    else:
-        lines += ["", f"llama-swap not measured: no executable at `{LLAMA_SWAP}`."]
-    return "\n".join(lines)
+    return "\n".join(lines + _verdict(ours, theirs))
 
 
 def cli(argv: list[str] | None = None) -> None:
