@@ -71,8 +71,13 @@ class Hop:
     """A request placed on another node: the peer route to it and why."""
 
     route: Route
-    model: ModelConfig
     placement: Placement
+
+    @property
+    def model(self) -> ModelConfig:
+        """The local model the request names (its route carries it: :func:`hop`)."""
+        assert self.route.model is not None
+        return self.route.model
 
 
 def _header(headers: Any, name: bytes) -> bytes | None:
@@ -140,7 +145,7 @@ def hop(request: HttpRequest, target: Route, extra: dict[str, Any]) -> Hop | Non
         extra={"model": model.id, "node": placement.node, "reason": placement.reason},
     )
     route = Route(target.requested, target.name, model=model, peer=PeerModel(peer, target.name))
-    return Hop(route=route, model=model, placement=placement)
+    return Hop(route=route, placement=placement)
 
 
 def decide(fleet: Fleet, model: str, priority: int) -> Placement:

@@ -454,7 +454,7 @@ async def test_a_request_the_fleet_placed_on_another_node_is_recorded_as_the_loc
         box_b = Peer(id="box-b", proxy=node.url, models=("local",))
         route = Route("local", "local", model=local, peer=PeerModel(box_b, "local"))
         placement = Placement("box-b", "sent to box-b: model loaded there", forward=True)
-        hops = [placing.Hop(route=route, model=local, placement=placement)]
+        hops = [placing.Hop(route=route, placement=placement)]
 
         def hop(request, target, extra):
             if not hops:
