@@ -83,7 +83,8 @@ within ~20 ms of it, a slow one every 0.1 s once the waits have grown (27 checks
 first second)."""
 HEALTH_OUTPUT_SPACING = 0.005
 """A starting server's output prompts a health check at once, at most one every this many
-seconds (a server that writes without pause is checked 200 times a second at the most):
+seconds (a server that writes without pause is checked 200 times a second at the most;
+a line naming the check's path, a server logging the check itself, prompts none):
 llama-server writes ``model loaded`` the moment its ``/health`` turns 200, fakellm too, so
 the check finds it within a few ms however far the backoff has grown."""
 HEALTH_REQUEST_TIMEOUT = 5.0
@@ -318,7 +319,10 @@ class ModelProcess(Lifecycle):
         if owned:
             client = httpx.AsyncClient(trust_env=False)
         child = self._child
-        spoke = child.protocol.spoke if child is not None else None
+        spoke = None
+        if child is not None:
+            spoke = child.protocol.spoke
+            child.protocol.quiet = b" " + urllib.parse.urlsplit(url).path.encode()
         loop = asyncio.get_running_loop()
         try:
             for delay in health_delays():

@@ -261,16 +261,26 @@ class _ChildProtocol(asyncio.SubprocessProtocol):
         self.exited: asyncio.Future[int] = loop.create_future()
         self.output_closed: asyncio.Future[None] = loop.create_future()
         self.spoke = asyncio.Event()
-        """Set by every piece of output (cleared by whoever waits for the next one): a
-        starting server's health check looks at once (:mod:`scheduler.process`)."""
+        """Set by output (cleared by whoever waits for the next): a starting server's health
+        check looks at once (:mod:`scheduler.process`). Not by lines that hold
+        :attr:`quiet`."""
+        self.quiet: bytes | None = None
+        """Lines holding it are no news: the health check's path, which a server that logs
+        every request it answers writes for each check (else each check would prompt the
+        next)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.SubprocessTransport)
         self.transport = transport
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
-        self.spoke.set()
         *lines, pending = (self._pending + data).split(b"\n")
+        if not self.spoke.is_set():
+            quiet = self.quiet
+            if quiet is None or any(
+                quiet not in line for line in (*lines, pending) if line.strip()
+            ):
+                self.spoke.set()
         for line in lines:
             self._logs.write(self._model, line + b"\n")
         while len(pending) > MAX_LINE_BYTES:

@@ -241,6 +241,50 @@ async def test_a_server_that_writes_without_pause_is_checked_at_most_every_5_ms(
     assert 2 <= len(checks) <= 0.5 / process_module.HEALTH_OUTPUT_SPACING + 2
 
 
+LOGS_EVERY_REQUEST = """
+import http.server, sys
+class Loading(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # answered 503 while loading; logged as uvicorn and vLLM log it
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Loading)
+print("loading", flush=True)
+server.serve_forever()
+"""
+
+
+async def test_a_server_logging_each_health_check_does_not_prompt_the_next_one(spawn, monkeypatch):
+    """A server that writes a line for every request it answers (Python's http.server,
+    uvicorn) writes one for each health check: that line names the check's path and
+    prompts no check of its own, or the checks would run at 200 a second while it loads."""
+    from scheduler import process as process_module
+
+    checks = []
+    real = ModelProcess._health_once
+
+    async def health_once(self, client, url):
+        checks.append(url)
+        return await real(self, client, url)
+
+    monkeypatch.setattr(process_module, "health_delays", lambda: itertools.repeat(0.25))
+    monkeypatch.setattr(ModelProcess, "_health_once", health_once)
+    port = pick_free_port()
+    process = spawn(
+        config(
+            [PY, "-c", LOGS_EVERY_REQUEST, str(port)],
+            proxy=f"http://127.0.0.1:{port}",
+            check_endpoint="/health",
+            health_check_timeout=1.0,
+        )
+    )
+    async with asyncio.timeout(5):
+        with pytest.raises(ModelStartError, match="timed out"):
+            await process.start()
+    # one at the spawn, one for "loading", then every 0.25 s: 6 at the most
+    assert 2 <= len(checks) <= 6, len(checks)
+
+
 async def test_health_timeout_raises_and_leaves_no_process(spawn):
     process = spawn(fakellm_config("--load-seconds", "30", health_check_timeout=0.5))
     async with asyncio.timeout(5):
